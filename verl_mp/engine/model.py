@@ -1,0 +1,109 @@
+"""Build megatron GPTModel chunks for this rank from a `GPTSpec`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from verl_mp.config.parallel import ParallelConfig
+from verl_mp.engine.runtime import ParallelState, has_cuda, megatron_scope
+from verl_mp.models.spec import GPTSpec, padded_vocab_size
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp32", **overrides):
+    """The megatron TransformerConfig for ``spec`` under ``parallel``.
+
+    Fusions that need apex/transformer-engine kernels are off; the model math is the
+    same as with them (they fuse, they do not approximate).
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    torch_dtype = DTYPES[dtype]
+    kwargs = dict(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        kv_channels=spec.head_dim,
+        layernorm_epsilon=spec.norm_epsilon,
+        normalization="RMSNorm",
+        gated_linear_unit=spec.gated_linear_unit,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.add_qkv_bias,
+        qk_layernorm=spec.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+        pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        sequence_parallel=parallel.sequence_parallel,
+        params_dtype=torch_dtype,
+        pipeline_dtype=torch_dtype,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        use_cpu_initialization=not has_cuda(),
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        # Losses arrive already normalised by global token/sequence counts (algo.agg_loss),
+        # so micro-batch and data-parallel contributions must be summed, not averaged.
+        calculate_per_token_loss=True,
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None) -> list:
+    """One GPTModel per virtual pipeline chunk on this rank (one chunk without VPP)."""
+    from megatron.core import parallel_state as mps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    layer_spec = layer_spec or get_gpt_layer_local_spec(qk_layernorm=spec.qk_layernorm)
+    chunks = []
+    with megatron_scope():
+        for vp_stage in range(state.vpp_size or 1):
+            vp = vp_stage if state.vpp_size else None
+            chunks.append(
+                GPTModel(
+                    config=config,
+                    transformer_layer_spec=layer_spec,
+                    vocab_size=padded_vocab_size(spec.vocab_size, state.tp_size),
+                    max_sequence_length=spec.max_position_embeddings,
+                    pre_process=mps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                    post_process=mps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                    share_embeddings_and_output_weights=spec.tie_word_embeddings,
+                    position_embedding_type="rope",
+                    rotary_base=int(spec.rotary_base),
+                    rope_scaling=spec.rope_scaling_factor is not None,
+                    rope_scaling_factor=spec.rope_scaling_factor or 8.0,
+                    vp_stage=vp,
+                )
+            )
+    device = torch.device("cuda", torch.cuda.current_device()) if has_cuda() else None
+    if device is not None:
+        chunks = [c.to(device) for c in chunks]
+    return chunks
+
+
+def wrap_ddp(chunks: list, config, use_distributed_optimizer: bool = True) -> list:
+    """Wrap chunks in megatron DDP (contiguous fp32 grad buffers, bucketed reduction)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        use_distributed_optimizer=use_distributed_optimizer,
+        overlap_grad_reduce=False,
+    )
+    with megatron_scope():
+        return [
+            DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                    disable_bucketing=i > 0)
+            for i, chunk in enumerate(chunks)
+        ]

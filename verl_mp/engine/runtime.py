@@ -1,0 +1,137 @@
+"""Process-level runtime: device choice, torch.distributed start-up, megatron parallel state.
+
+One object, `ParallelState`, carries the named parallel axes and is passed down
+explicitly; nothing here stores the runtime rank in a config.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.config.parallel import ParallelConfig, validate_layout
+from verl_mp.patches import megatron_cpu
+
+logger = logging.getLogger(__name__)
+
+# Re-exported so that engine code has one place to enter around megatron calls.
+megatron_scope = megatron_cpu.megatron_scope
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def local_device() -> torch.device:
+    """This rank's device: its GPU (LOCAL_RANK) with CUDA, else the CPU."""
+    if has_cuda():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def init_distributed(timeout_minutes: int = 30) -> None:
+    """Join the default process group from torchrun's environment (idempotent).
+
+    NCCL on GPUs, gloo on CPU. A single process without torchrun variables becomes a
+    world of one on a free local port.
+    """
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        from verl_mp.utils.net import free_port
+
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if has_cuda():
+        torch.cuda.set_device(local_device())
+        backend = "nccl"
+    else:
+        megatron_cpu.install()
+        backend = "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    """Named parallel axes of this rank (tp, pp, dp) and their sizes."""
+
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+    vpp_size: int | None = None
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The rank whose results the driver collects: TP rank 0 of the last stage."""
+        return self.is_last_stage and self.tp_rank == 0
+
+    @property
+    def tp_group(self):
+        from megatron.core import parallel_state as mps
+
+        return mps.get_tensor_model_parallel_group()
+
+    @property
+    def pp_group(self):
+        from megatron.core import parallel_state as mps
+
+        return mps.get_pipeline_model_parallel_group()
+
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state as mps
+
+        return mps.get_data_parallel_group()
+
+
+def initialize_parallel(parallel: ParallelConfig, seed: int = 1234) -> ParallelState:
+    """Start torch.distributed (if needed) and megatron's model-parallel groups."""
+    from megatron.core import parallel_state as mps
+    from megatron.core import tensor_parallel
+
+    init_distributed()
+    validate_layout(parallel, dist.get_world_size())
+    if mps.model_parallel_is_initialized():
+        mps.destroy_model_parallel()
+    with megatron_scope():
+        mps.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+            pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        )
+        # Seeds the tracker that decides per-TP-rank dropout/initialisation streams.
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return ParallelState(
+        tp_rank=mps.get_tensor_model_parallel_rank(),
+        tp_size=mps.get_tensor_model_parallel_world_size(),
+        pp_rank=mps.get_pipeline_model_parallel_rank(),
+        pp_size=mps.get_pipeline_model_parallel_world_size(),
+        dp_rank=mps.get_data_parallel_rank(),
+        dp_size=mps.get_data_parallel_world_size(),
+        vpp_size=parallel.virtual_pipeline_model_parallel_size,
+    )
+
+
+def destroy_parallel() -> None:
+    from megatron.core import parallel_state as mps
+
+    if mps.model_parallel_is_initialized():
+        mps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

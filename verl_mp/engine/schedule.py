@@ -1,0 +1,143 @@
+"""Micro-batched forward/backward through megatron's pipeline schedules.
+
+Contract with the loss function (the algorithm layer): ``loss_fn(output, micro_batch)``
+returns ``(loss, metrics)`` where ``loss`` is already normalised by *global* counts
+(tokens or sequences over all micro-batches and data-parallel ranks; see
+``verl_mp.algo.agg_loss``). The engine therefore *sums* micro-batch and DP gradient
+contributions (megatron's ``calculate_per_token_loss`` mode without its own token
+division), so the result does not depend on how the batch was split.
+
+Metrics follow the same rule: values are summed over micro-batches and DP ranks, except
+keys ending in ``_max``/``_min`` (reduced by max/min). Every rank gets the reduced
+values (broadcast from the last pipeline stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.engine.runtime import ParallelState, megatron_scope
+
+LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def finalize_grads_summed(model, num_tokens=None, **kwargs):
+    """megatron's grad finalisation (DP reduce-scatter, tied-embedding sync), minus its
+    division by the token count: our losses are normalised before backward."""
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, num_tokens=None, **kwargs)
+
+
+def _forward_step(loss_fn: LossFn | None, data_iterator, model):
+    batch = next(data_iterator)
+    input_ids = batch["input_ids"]
+    position_ids = batch.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    output = model(input_ids, position_ids, None)
+    if loss_fn is None:
+        return output, _collect_output
+    return output, partial(_loss_wrapper, loss_fn, batch)
+
+
+def _collect_output(output, non_loss_data=False):
+    # forward-only path: keep the tensor; megatron stores what we return as "reduced".
+    return output.new_zeros(()), torch.zeros((), dtype=torch.int), {"output": output}
+
+
+def _loss_wrapper(loss_fn: LossFn, batch: dict, output: torch.Tensor):
+    loss, metrics = loss_fn(output, batch)
+    # The token count is only used by megatron for its own normalisation, which
+    # finalize_grads_summed disables; pass 1 so that nothing is divided by zero.
+    return loss, torch.ones((), dtype=torch.int), {k: v.detach() for k, v in metrics.items()}
+
+
+def forward_backward(
+    chunks: list,
+    micro_batches: Sequence[dict],
+    loss_fn: LossFn | None,
+    *,
+    forward_only: bool,
+) -> list[dict]:
+    """Run all micro-batches through the pipeline; return per-micro-batch dicts (last stage).
+
+    Every micro-batch must have the same ``input_ids`` shape ``[b, s]`` (pad beforehand):
+    pipeline stages exchange activations of that fixed shape.
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    b, s = micro_batches[0]["input_ids"].shape
+    for mb in micro_batches:
+        if tuple(mb["input_ids"].shape) != (b, s):
+            raise ValueError(f"micro-batch shapes differ: {tuple(mb['input_ids'].shape)} vs {(b, s)}")
+    for chunk in chunks:
+        chunk.config.finalize_model_grads_func = finalize_grads_summed
+    iterators = [iter(micro_batches) for _ in chunks]
+    with megatron_scope():
+        return get_forward_backward_func()(
+            forward_step_func=partial(_forward_step, loss_fn),
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(micro_batches),
+            seq_length=s,
+            micro_batch_size=b,
+            forward_only=forward_only,
+        )
+
+
+def reduce_metrics(per_micro_batch: list[dict], state: ParallelState) -> dict[str, float]:
+    """Reduce loss-function metrics over micro-batches, DP ranks, and the PP group."""
+    from megatron.core import parallel_state as mps
+
+    keys = sorted(per_micro_batch[0]) if per_micro_batch else []
+    names = _broadcast_names(keys, state)
+    values = {}
+    for name in names:
+        vals = [mb[name].float().reshape(()) for mb in per_micro_batch]
+        op, local = _reduce_op(name, vals)
+        t = torch.tensor([local], dtype=torch.float64)
+        dist.all_reduce(t, op=op, group=mps.get_data_parallel_group(with_context_parallel=True))
+        values[name] = t
+    for name in names:
+        dist.broadcast(values[name], src=mps.get_pipeline_model_parallel_last_rank(),
+                       group=mps.get_pipeline_model_parallel_group())
+    return {name: values[name].item() for name in names}
+
+
+def _reduce_op(name: str, vals: list[torch.Tensor]):
+    if name.endswith("_max"):
+        return dist.ReduceOp.MAX, max(v.item() for v in vals) if vals else float("-inf")
+    if name.endswith("_min"):
+        return dist.ReduceOp.MIN, min(v.item() for v in vals) if vals else float("inf")
+    return dist.ReduceOp.SUM, sum(v.item() for v in vals)
+
+
+def _broadcast_names(keys: list[str], state: ParallelState) -> list[str]:
+    from megatron.core import parallel_state as mps
+
+    holder = [keys if state.is_last_stage else None]
+    dist.broadcast_object_list(holder, src=mps.get_pipeline_model_parallel_last_rank(),
+                               group=mps.get_pipeline_model_parallel_group())
+    return holder[0]
+
+
+def train_step(chunks, optimizer, scheduler, micro_batches, loss_fn: LossFn, state: ParallelState) -> dict:
+    """One optimizer step over ``micro_batches``; returns reduced metrics incl. grad_norm, lr."""
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    outputs = forward_backward(chunks, micro_batches, loss_fn, forward_only=False)
+    with megatron_scope():
+        update_ok, grad_norm, _ = optimizer.step()
+    if update_ok:
+        scheduler.step(increment=1)
+    metrics = reduce_metrics(outputs, state)
+    metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
+    metrics["lr"] = optimizer.param_groups[0]["lr"]
+    metrics["update_skipped"] = float(not update_ok)
+    return metrics

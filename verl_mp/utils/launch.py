@@ -1,0 +1,94 @@
+"""Start N local ranks with torchrun (used by tests and by the CLI on one machine).
+
+Checks happen before any process starts: the rank count must fit the machine (GPUs
+with CUDA; ``VERL_MP_MAX_CPU_RANKS``, default 4 per core, without), and callers pass
+their layout/shape checks as ``preflight``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CPU_RANKS_PER_CORE = 4
+
+
+def max_local_ranks() -> int:
+    """How many ranks this machine can host: its GPUs, or a CPU oversubscription cap."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    override = os.environ.get("VERL_MP_MAX_CPU_RANKS")
+    if override:
+        return int(override)
+    return CPU_RANKS_PER_CORE * (os.cpu_count() or 1)
+
+
+def check_local_ranks(nproc: int, setting: str = "nproc") -> None:
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"{setting}={nproc!r} must be a positive integer")
+    limit = max_local_ranks()
+    if nproc > limit:
+        where = (
+            f"{limit} GPUs"
+            if torch.cuda.is_available()
+            else f"{limit} CPU ranks (VERL_MP_MAX_CPU_RANKS, default {CPU_RANKS_PER_CORE} per core)"
+        )
+        raise ValueError(
+            f"{setting}={nproc} asks for more ranks than this machine can host ({where}); "
+            f"lower the parallel sizes or run on more devices"
+        )
+
+
+def torchrun_command(nproc: int, target: str, args: Sequence[str] = (), module: bool = True) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    cmd += ["--nproc-per-node", str(nproc)]
+    cmd += ["-m", target] if module else [target]
+    return cmd + [str(a) for a in args]
+
+
+def launch_local(
+    target: str,
+    nproc: int,
+    args: Sequence[str] = (),
+    *,
+    module: bool = True,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    preflight: Sequence[Callable[[], None]] = (),
+    capture_output: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run ``target`` (a module, or a script path with ``module=False``) on ``nproc`` ranks.
+
+    Every ``preflight`` check runs first; a failing one raises before any process starts.
+    Raises ``subprocess.CalledProcessError`` if any rank fails and ``TimeoutError`` after
+    ``timeout_s`` (the whole process group is stopped then).
+    """
+    check_local_ranks(nproc)
+    for check in preflight:
+        check()
+    run_env = dict(os.environ)
+    run_env.setdefault("OMP_NUM_THREADS", "1")
+    run_env.update(env or {})
+    cmd = torchrun_command(nproc, target, args, module=module)
+    logger.info("launching: %s", " ".join(cmd))
+    pipe = subprocess.PIPE if capture_output else None
+    proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, stderr=pipe, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise TimeoutError(f"{target} on {nproc} ranks did not finish in {timeout_s} s\n{err or ''}") from None
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+    return result
