@@ -1,0 +1,49 @@
+"""SequenceScorer with a tiny randomly initialised Llama classifier (no downloads)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForSequenceClassification
+
+from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+from verl_mp.reward.manager import RewardManager
+from verl_mp.reward.reward_model import SequenceScorer
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    torch.manual_seed(0)
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, num_labels=1,
+    )
+    return SequenceScorer(LlamaForSequenceClassification(config), tokenizer, batch_size=2)
+
+
+def test_scores_are_padding_invariant(scorer):
+    texts = ["What is 1+2?\n#### 3", "#### 85", "What is 12+30? Let's think step by step.\n#### 42"]
+    batched = scorer.score(texts)
+    one_by_one = torch.cat([scorer.score([t]) for t in texts])
+    assert batched.shape == (3,) and batched.dtype == torch.float32
+    torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=1e-5)
+    assert len(set(batched.tolist())) == 3
+
+
+def test_rejects_multi_label_model():
+    tokenizer = build_tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_labels=2)
+    with pytest.raises(ValueError, match="num_labels=1"):
+        SequenceScorer(LlamaForSequenceClassification(config), tokenizer)
+
+
+def test_manager_adds_model_score(scorer):
+    manager = RewardManager(num_workers=0, reward_model=scorer)
+    prompts, responses = ["What is 1+2?\n", "What is 1+3?\n"], ["#### 3", "#### 5"]
+    result = manager.score(responses, ["3", "4"], ["synthetic_arith"] * 2, prompts=prompts)
+    model_scores = scorer.score([p + r for p, r in zip(prompts, responses)])
+    torch.testing.assert_close(result.scores, torch.tensor([1.0, 0.0]) + model_scores)
+    assert result.metrics["reward/rule_score/mean"] == 0.5
+    assert "reward/model_score/mean" in result.metrics

@@ -1,0 +1,79 @@
+"""The `verl-mp` command line (also `python -m verl_mp`).
+
+Subcommands register themselves through ``add_subcommands(subparsers)`` functions of
+their layer's CLI module, so this file stays a table of contents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+
+# Modules that contribute subcommands, in help order. Each exposes add_subcommands().
+SUBCOMMAND_MODULES = (
+    "verl_mp.trainer.cli",
+    "verl_mp.cli_engine",
+    "verl_mp.rollout.cli",
+)
+
+
+def _env(_args) -> int:
+    """Print the versions and devices this install sees (one JSON line)."""
+    import torch
+
+    info = {"python": sys.version.split()[0], "torch": torch.__version__,
+            "cuda": torch.cuda.is_available(),
+            "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+    for name in ("megatron.core", "vllm", "ray", "transformers", "omegaconf", "triton"):
+        try:
+            info[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except Exception as exc:  # report, don't fail: this command diagnoses installs
+            info[name] = f"unavailable ({type(exc).__name__})"
+    print(json.dumps(info))
+    return 0
+
+
+def _launch(args) -> int:
+    """Run a module on N local ranks (torchrun) after the rank-count check."""
+    from verl_mp.utils.launch import launch_local
+
+    launch_local(args.module, args.nproc, args.args, module=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-mp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env", help="print versions and devices")
+    env.set_defaults(func=_env)
+    launch = sub.add_parser("launch", help="run a python module on N local ranks (torchrun)")
+    launch.add_argument("--nproc", type=int, required=True)
+    launch.add_argument("module")
+    launch.add_argument("args", nargs=argparse.REMAINDER)
+    launch.set_defaults(func=_launch)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real import error inside the module: surface it
+                raise
+            continue
+        module.add_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:  # configuration errors: one clear line, no traceback
+        print(f"verl-mp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""RewardManager: per-sample rule rewards (and optionally a reward model) -> scores + metrics."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verl_mp.reward.executor import Outcome, RewardExecutor
+from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, RewardFn, get_reward_fn
+
+logger = logging.getLogger(__name__)
+
+
+def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence score on its last valid response token.
+
+    scores: [B]; response_mask: [B, T] (1 for response tokens, any padding layout).
+    Returns float32 [B, T], zero elsewhere. A row with no valid token gets no reward.
+    """
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"scores {tuple(scores.shape)} must be [B] and response_mask "
+                         f"{tuple(response_mask.shape)} [B, T]")
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, -1).max(dim=1).values  # [B], -1 if empty
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    rewards[rows, last[rows]] = scores.to(torch.float32, copy=False).to(mask.device)[rows]
+    return rewards
+
+
+@dataclass(slots=True)
+class RewardResult:
+    """Per-sample scores [B] (float32; failed samples 0), statuses and reduced metrics."""
+
+    scores: torch.Tensor
+    statuses: list[str]
+    metrics: dict[str, float]
+
+    def token_level(self, response_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] float32 rewards: the score on the last valid response token."""
+        return token_level_rewards(self.scores, response_mask)
+
+
+class RewardManager:
+    """Chooses a reward function per sample by data source and runs them safely.
+
+    ``fn_by_source`` maps data_source -> reward name or ``module:function`` plugin, on
+    top of the built-in ``DEFAULT_FN_BY_SOURCE``; ``default_fn`` serves any other source.
+    A function that raises, returns garbage or runs past ``timeout_s`` gives 0 for that
+    sample and is counted in ``reward/num_failed`` / ``reward/num_timeout``. Responses
+    must be decoded text without special tokens. With ``reward_model`` set, each sample's
+    score is rule score + reward-model score of ``prompt + response``.
+    """
+
+    def __init__(
+        self, fn_by_source: Mapping[str, str] | None = None, default_fn: str | None = None,
+        timeout_s: float = 10.0, num_workers: int = 4, reward_model: Any = None,
+    ):
+        self.fn_names = {**DEFAULT_FN_BY_SOURCE, **(fn_by_source or {})}
+        self.default_fn = default_fn
+        self._fns = {name: get_reward_fn(name) for name in set(self.fn_names.values())}
+        if default_fn is not None:
+            self._fns[default_fn] = get_reward_fn(default_fn)
+        if num_workers > 0:
+            for name, fn in self._fns.items():
+                _check_picklable(name, fn)
+        self.executor = RewardExecutor(num_workers=num_workers, timeout_s=timeout_s)
+        self.reward_model = reward_model
+
+    def resolve(self, data_source: str) -> RewardFn:
+        """The reward function for a data source; ValueError with the fix if none."""
+        name = self.fn_names.get(data_source, self.default_fn)
+        if name is None:
+            raise ValueError(
+                f"no reward function for data_source '{data_source}'. Fix: map it in "
+                f"reward.fn_by_source or set reward.default_fn (known sources: "
+                f"{sorted(self.fn_names)})"
+            )
+        return self._fns[name]
+
+    def check_sources(self, data_sources: Iterable[str]) -> None:
+        """Fail at start-up, not mid-run, if some data source has no reward function."""
+        for source in sorted(set(data_sources)):
+            self.resolve(source)
+
+    def score(
+        self, responses: Sequence[str], ground_truths: Sequence[str], data_sources: Sequence[str],
+        extra_infos: Sequence[dict[str, Any] | None] | None = None,
+        prompts: Sequence[str] | None = None,
+    ) -> RewardResult:
+        """Score B decoded responses; never raises for a failing reward function."""
+        extra_infos = list(extra_infos) if extra_infos is not None else [None] * len(responses)
+        if not len(responses) == len(ground_truths) == len(data_sources) == len(extra_infos):
+            raise ValueError("responses, ground_truths, data_sources and extra_infos differ "
+                             "in length")
+        calls = [(self.resolve(src), (src, resp, gt, extra))
+                 for resp, gt, src, extra in zip(responses, ground_truths, data_sources,
+                                                 extra_infos, strict=True)]
+        outcomes = self.executor.run(calls)
+        _log_failures(outcomes)
+        scores = torch.tensor([o.score if o.status == "ok" else 0.0 for o in outcomes],
+                              dtype=torch.float32)
+        metrics = reduce_metrics(scores, outcomes)
+        if self.reward_model is not None:
+            scores = self._add_model_scores(scores, responses, prompts, metrics)
+        return RewardResult(scores=scores, statuses=[o.status for o in outcomes], metrics=metrics)
+
+    def _add_model_scores(self, scores: torch.Tensor, responses: Sequence[str],
+                          prompts: Sequence[str] | None, metrics: dict[str, float]) -> torch.Tensor:
+        if prompts is None or len(prompts) != len(responses):
+            raise ValueError("a reward model needs the prompt text of every response")
+        model_scores = self.reward_model.score([p + r for p, r in zip(prompts, responses,
+                                                                     strict=True)])
+        metrics["reward/model_score/mean"] = model_scores.mean().item()
+        metrics["reward/rule_score/mean"] = scores.mean().item()
+        total = scores + model_scores.float().cpu()
+        metrics.update(_stats("reward/score", total))
+        return total
+
+    def close(self) -> None:
+        """Stop the reward worker processes."""
+        self.executor.close()
+
+
+def reduce_metrics(scores: torch.Tensor, outcomes: list[Outcome]) -> dict[str, float]:
+    """reward/score/{mean,std,max,min}, failure counts, reward/accuracy and extra means."""
+    metrics = _stats("reward/score", scores)
+    metrics["reward/num_failed"] = float(sum(o.status == "error" for o in outcomes))
+    metrics["reward/num_timeout"] = float(sum(o.status == "timeout" for o in outcomes))
+    extras: dict[str, list[float]] = {}
+    for outcome in outcomes:
+        for key, value in (outcome.extras or {}).items():
+            extras.setdefault(key, []).append(value)
+    for key, values in extras.items():
+        name = "reward/accuracy" if key == "acc" else f"reward/{key}/mean"
+        metrics[name] = sum(values) / len(values)
+    return metrics
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": values.mean().item(),
+        f"{prefix}/std": values.std(unbiased=False).item(),
+        f"{prefix}/max": values.max().item(),
+        f"{prefix}/min": values.min().item(),
+    }
+
+
+def _log_failures(outcomes: list[Outcome]) -> None:
+    """One warning per batch with the first failure's message (not one per sample)."""
+    failed = [o for o in outcomes if o.status != "ok"]
+    if failed:
+        logger.warning("reward: %d of %d samples failed or timed out (scored 0); first: %s: %s",
+                       len(failed), len(outcomes), failed[0].status, failed[0].message)
+
+
+def _check_picklable(name: str, fn: RewardFn) -> None:
+    """Functions travel to worker processes by pickle: fail early with the fix."""
+    try:
+        pickle.dumps(fn)
+    except Exception as err:
+        raise ValueError(
+            f"reward function '{name}' cannot be sent to reward worker processes ({err}). "
+            "Fix: define it at module level in an importable module or a .py file, or set "
+            "reward.num_workers=0 (no timeouts)."
+        ) from err
