@@ -1,7 +1,11 @@
-"""megatron distributed checkpoints of an engine's model (layout-independent).
+"""megatron distributed checkpoints of an engine (layout-independent).
 
 A checkpoint saved at one (TP, PP) loads at any other: every tensor is stored with its
-global shape and each rank reads only its own slice.
+global shape and each rank reads only its own slice. `save_model`/`load_model` handle the
+model alone; `save_training_state`/`load_training_state` add the DistributedOptimizer
+state (``fully_sharded_model_space`` format, also reshardable), the LR scheduler and the
+RNG states. RNG states are per rank (``rng/rank{r}.pt``) and are restored only when the
+checkpoint was written with the same world size and layout (a warning says so otherwise).
 
 Note: megatron's torch_dist writer starts a spawn-context multiprocessing helper, so a
 script that saves must guard its entry point with ``if __name__ == "__main__":``.
@@ -9,9 +13,20 @@ script that saves must guard its entry point with ``if __name__ == "__main__":``
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import random
 
-from verl_mp.engine.runtime import megatron_scope
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from verl_mp.engine.runtime import ParallelState, megatron_scope
+
+logger = logging.getLogger(__name__)
+
+META_FILE = "verl_mp_engine.json"
 
 
 def _unwrap(chunk):
@@ -42,3 +57,80 @@ def load_model(chunks: list, directory: str) -> None:
         loaded = dist_checkpointing.load(model_sharded_state_dict(chunks), directory)
     for i, chunk in enumerate(chunks):
         _unwrap(chunk).load_state_dict(loaded[f"chunk{i}"], strict=True)
+
+
+def _full_state(chunks, optimizer, scheduler, is_loading: bool) -> dict:
+    model_sd = model_sharded_state_dict(chunks)
+    state = {"model": model_sd}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
+
+
+def _layout(state: ParallelState) -> dict:
+    return dict(world_size=dist.get_world_size(), tp=state.tp_size, pp=state.pp_size, dp=state.dp_size,
+                vpp=state.vpp_size)
+
+
+def save_training_state(chunks, optimizer, scheduler, state: ParallelState, directory: str,
+                        extra: dict | None = None) -> None:
+    """Model + optimizer + scheduler (+ ``extra`` JSON metadata) + per-rank RNG. Collective."""
+    from megatron.core import dist_checkpointing
+
+    os.makedirs(os.path.join(directory, "rng"), exist_ok=True)
+    dist.barrier()
+    with megatron_scope():
+        dist_checkpointing.save(_full_state(chunks, optimizer, scheduler, is_loading=False), directory)
+    torch.save(_rng_state(), os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt"))
+    if dist.get_rank() == 0:
+        with open(os.path.join(directory, META_FILE), "w") as f:
+            json.dump({"layout": _layout(state), **(extra or {})}, f, indent=2)
+    dist.barrier()
+
+
+def load_training_state(chunks, optimizer, scheduler, state: ParallelState, directory: str) -> dict:
+    """Load what `save_training_state` wrote (at any TP/PP); return its ``extra`` metadata."""
+    from megatron.core import dist_checkpointing
+
+    meta_file = os.path.join(directory, META_FILE)
+    if not os.path.isfile(meta_file):
+        raise FileNotFoundError(f"{meta_file} not found: {directory} is not an engine checkpoint "
+                                f"written by save_checkpoint")
+    with open(meta_file) as f:
+        meta = json.load(f)
+    with megatron_scope():
+        loaded = dist_checkpointing.load(_full_state(chunks, optimizer, scheduler, is_loading=True), directory)
+        for i, chunk in enumerate(chunks):
+            _unwrap(chunk).load_state_dict(loaded["model"][f"chunk{i}"], strict=True)
+        if optimizer is not None:
+            optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(loaded["scheduler"])
+    _maybe_restore_rng(directory, meta.get("layout"), state)
+    return {k: v for k, v in meta.items() if k != "layout"}
+
+
+def _rng_state() -> dict:
+    from megatron.core import tensor_parallel
+
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                tracker=tensor_parallel.get_cuda_rng_tracker().get_states())
+
+
+def _maybe_restore_rng(directory: str, saved_layout: dict | None, state: ParallelState) -> None:
+    from megatron.core import tensor_parallel
+
+    if saved_layout != _layout(state):
+        logger.warning("RNG state not restored: checkpoint layout %s differs from %s",
+                       saved_layout, _layout(state))
+        return
+    rng = torch.load(os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt"), weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])

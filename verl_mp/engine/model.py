@@ -7,6 +7,9 @@ import torch.nn.functional as F
 
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.runtime import ParallelState, has_cuda, megatron_scope
+from verl_mp.engine.value_head import ValueHead
+from verl_mp.models.layer_spec import decoder_block_spec
+from verl_mp.models.rope import rope_inv_freq
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,6 +44,14 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
         sequence_parallel=parallel.sequence_parallel,
+        # Micro-batches may differ in shape (token-budget batching, packed sequences):
+        # pipeline stages exchange shapes before activations.
+        variable_seq_lengths=parallel.pipeline_model_parallel_size > 1,
+        # Unused by dense models, but megatron 0.16 rejects variable_seq_lengths with the
+        # default "allgather" MoE dispatcher even when there are no experts.
+        moe_token_dispatcher_type="alltoall",
+        # HF sliding window: a query at i sees keys j with i - j < W (megatron: left W-1).
+        window_size=(spec.sliding_window - 1, 0) if spec.sliding_window else None,
         params_dtype=torch_dtype,
         pipeline_dtype=torch_dtype,
         bf16=dtype == "bf16",
@@ -59,13 +70,17 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
     return TransformerConfig(**kwargs)
 
 
-def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None) -> list:
-    """One GPTModel per virtual pipeline chunk on this rank (one chunk without VPP)."""
+def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None,
+                     backend: str = "local") -> list:
+    """One GPTModel per virtual pipeline chunk on this rank (one chunk without VPP).
+
+    ``backend`` picks the layer spec (`verl_mp.models.layer_spec`) unless ``layer_spec`` is
+    given. Rotary frequencies follow ``spec``'s rope type (`verl_mp.models.rope`); with
+    ``spec.value_head`` the output layer is a `ValueHead` (critic).
+    """
     from megatron.core import parallel_state as mps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    layer_spec = layer_spec or get_gpt_layer_local_spec(qk_layernorm=spec.qk_layernorm)
     chunks = []
     with megatron_scope():
         for vp_stage in range(state.vpp_size or 1):
@@ -73,23 +88,30 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
             chunks.append(
                 GPTModel(
                     config=config,
-                    transformer_layer_spec=layer_spec,
+                    transformer_layer_spec=layer_spec or decoder_block_spec(spec, config, backend, vp),
                     vocab_size=padded_vocab_size(spec.vocab_size, state.tp_size),
                     max_sequence_length=spec.max_position_embeddings,
                     pre_process=mps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                     post_process=mps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-                    share_embeddings_and_output_weights=spec.tie_word_embeddings,
+                    share_embeddings_and_output_weights=spec.tie_word_embeddings and not spec.value_head,
                     position_embedding_type="rope",
                     rotary_base=int(spec.rotary_base),
-                    rope_scaling=spec.rope_scaling_factor is not None,
-                    rope_scaling_factor=spec.rope_scaling_factor or 8.0,
                     vp_stage=vp,
                 )
             )
+    for chunk in chunks:
+        _finish_chunk(chunk, spec, config)
     device = torch.device("cuda", torch.cuda.current_device()) if has_cuda() else None
     if device is not None:
         chunks = [c.to(device) for c in chunks]
     return chunks
+
+
+def _finish_chunk(chunk, spec: GPTSpec, config) -> None:
+    # megatron's RotaryEmbedding hard-codes Llama-3.1 constants; use the checkpoint's.
+    chunk.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
+    if spec.value_head and chunk.post_process:
+        chunk.output_layer = ValueHead(config)
 
 
 def wrap_ddp(chunks: list, config, use_distributed_optimizer: bool = True) -> list:

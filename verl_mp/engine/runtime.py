@@ -117,6 +117,13 @@ def initialize_parallel(parallel: ParallelConfig, seed: int = 1234) -> ParallelS
         )
         # Seeds the tracker that decides per-TP-rank dropout/initialisation streams.
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return current_parallel_state(parallel.virtual_pipeline_model_parallel_size)
+
+
+def current_parallel_state(vpp_size: int | None = None) -> ParallelState:
+    """The ParallelState of megatron's already-initialised groups."""
+    from megatron.core import parallel_state as mps
+
     return ParallelState(
         tp_rank=mps.get_tensor_model_parallel_rank(),
         tp_size=mps.get_tensor_model_parallel_world_size(),
@@ -124,8 +131,32 @@ def initialize_parallel(parallel: ParallelConfig, seed: int = 1234) -> ParallelS
         pp_size=mps.get_pipeline_model_parallel_world_size(),
         dp_rank=mps.get_data_parallel_rank(),
         dp_size=mps.get_data_parallel_world_size(),
-        vpp_size=parallel.virtual_pipeline_model_parallel_size,
+        vpp_size=vpp_size,
     )
+
+
+def ensure_parallel(parallel: ParallelConfig, shape=None, seed: int = 1234) -> ParallelState:
+    """Check the layout against the model shape, then reuse or start megatron's groups.
+
+    Several engines in one process (actor + reference) share megatron's global parallel
+    state, so they must use the same layout; a different one raises instead of silently
+    re-initialising the groups under the first engine.
+    """
+    from megatron.core import parallel_state as mps
+
+    init_distributed()
+    validate_layout(parallel, dist.get_world_size(), shape, prefix="engine.parallel.")
+    if not mps.model_parallel_is_initialized():
+        return initialize_parallel(parallel, seed=seed)
+    state = current_parallel_state(parallel.virtual_pipeline_model_parallel_size)
+    if (state.tp_size, state.pp_size) != (parallel.tensor_model_parallel_size,
+                                          parallel.pipeline_model_parallel_size):
+        raise ValueError(
+            f"megatron is already initialised with TP={state.tp_size}, PP={state.pp_size}; engines in "
+            f"one process must share the layout (got TP={parallel.tensor_model_parallel_size}, "
+            f"PP={parallel.pipeline_model_parallel_size})"
+        )
+    return state
 
 
 def destroy_parallel() -> None:

@@ -39,7 +39,8 @@ def _forward_step(loss_fn: LossFn | None, data_iterator, model):
     position_ids = batch.get("position_ids")
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-    output = model(input_ids, position_ids, None)
+    # packed_seq_params (THD, padding removed) is set by verl_mp.engine.batching when packing.
+    output = model(input_ids, position_ids, None, packed_seq_params=batch.get("packed_seq_params"))
     if loss_fn is None:
         return output, _collect_output
     return output, partial(_loss_wrapper, loss_fn, batch)
@@ -66,15 +67,18 @@ def forward_backward(
 ) -> list[dict]:
     """Run all micro-batches through the pipeline; return per-micro-batch dicts (last stage).
 
-    Every micro-batch must have the same ``input_ids`` shape ``[b, s]`` (pad beforehand):
-    pipeline stages exchange activations of that fixed shape.
+    With PP > 1 and ``config.variable_seq_lengths`` off, every micro-batch must have the
+    same ``input_ids`` shape ``[b, s]`` (stages then exchange activations of that fixed
+    shape); with it on (the engine's default for PP > 1) shapes may differ.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     b, s = micro_batches[0]["input_ids"].shape
-    for mb in micro_batches:
-        if tuple(mb["input_ids"].shape) != (b, s):
-            raise ValueError(f"micro-batch shapes differ: {tuple(mb['input_ids'].shape)} vs {(b, s)}")
+    config = chunks[0].config
+    if config.pipeline_model_parallel_size > 1 and not config.variable_seq_lengths:
+        for mb in micro_batches:
+            if tuple(mb["input_ids"].shape) != (b, s):
+                raise ValueError(f"micro-batch shapes differ: {tuple(mb['input_ids'].shape)} vs {(b, s)}")
     for chunk in chunks:
         chunk.config.finalize_model_grads_func = finalize_grads_summed
     iterators = [iter(micro_batches) for _ in chunks]

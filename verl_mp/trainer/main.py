@@ -1,0 +1,94 @@
+"""`python -m verl_mp.trainer.main --config-name grpo key=value ...` (= `verl-mp train`).
+
+Loads and validates the configuration before any process starts, saves the resolved
+config with the run, then runs the loop in Ray single-controller mode or as torchrun SPMD
+ranks (``trainer.launcher``). With no ``model.path`` it runs the embedded demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from verl_mp.config.loader import load_config, to_yaml
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config-name", default="tiny_cpu",
+                   help="preset in megatron_configs/ or a YAML path (default: tiny_cpu, the embedded demo)")
+    p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. actor.optim.lr=1e-6")
+
+
+def train(args) -> int:
+    cfg = load_config(args.config_name, args.overrides)
+    if not cfg.model.path:
+        from verl_mp.trainer.demo import prepare_demo
+
+        cfg = prepare_demo(cfg)
+    from verl_mp.trainer.setup import preflight
+
+    preflight(cfg)
+    out_dir = cfg.trainer.default_local_dir
+    os.makedirs(out_dir, exist_ok=True)
+    config_path = os.path.join(out_dir, "config.yaml")
+    with open(config_path, "w") as f:
+        f.write(to_yaml(cfg))
+    logger.info("resolved config saved to %s\n%s", config_path, to_yaml(cfg))
+    if cfg.trainer.launcher == "torchrun":
+        from verl_mp.utils.launch import launch_local
+
+        launch_local("verl_mp.trainer.spmd", cfg.trainer.nproc, ["--config", config_path])
+    else:
+        _run_ray(cfg)
+    _finish(cfg)
+    return 0
+
+
+def _run_ray(cfg) -> None:
+    import ray
+
+    from verl_mp.trainer.loop import RLTrainer
+    from verl_mp.trainer.setup import build_inputs
+    from verl_mp.workers.ray_group import RayWorkerGroup
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=max(cfg.trainer.nproc, os.cpu_count() or 1), include_dashboard=False,
+                 log_to_driver=True, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    try:
+        group = RayWorkerGroup(cfg)
+        inputs = build_inputs(cfg, score_rewards=True)
+        RLTrainer(cfg, inputs, group).fit()
+        inputs.reward.close()
+        group.shutdown()
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _finish(cfg) -> None:
+    from verl_mp.trainer.report import write_report
+
+    metrics = os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl")
+    if "jsonl" in cfg.trainer.logger and os.path.exists(metrics):
+        summary = write_report(metrics, cfg.trainer.default_local_dir)
+        logger.info("report written to %s: %s", cfg.trainer.default_local_dir, summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser(prog="verl_mp.trainer.main", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    try:
+        return train(p.parse_args(argv))
+    except ValueError as exc:
+        print(f"verl_mp.trainer.main: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

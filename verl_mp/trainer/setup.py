@@ -1,0 +1,102 @@
+"""Everything the driver needs besides the workers: tokenizer, datasets, sampler, reward.
+
+Also the checks that run before any process starts (`preflight`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from verl_mp.config.schema import LAUNCHERS, RootConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunInputs:
+    tokenizer: Any
+    train: Any
+    """PromptDataset of data.train_files."""
+    val: Any | None
+    sampler: Any
+    """ResumableBatchSampler over ``train``."""
+    reward: Any | None
+    """RewardManager (only where rewards are scored: the driver / rank 0)."""
+    pad_token_id: int
+
+
+def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
+    from transformers import AutoTokenizer
+
+    from verl_mp.data.dataset import PromptDataset
+    from verl_mp.data.sampler import ResumableBatchSampler
+    from verl_mp.reward.manager import RewardManager
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    kwargs = dict(tokenizer=tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                  prompt_key=cfg.data.prompt_key, skip_bad_rows=cfg.data.skip_bad_rows)
+    train = PromptDataset(cfg.data.train_files, **kwargs)
+    val = PromptDataset(cfg.data.val_files, **kwargs) if cfg.data.val_files else None
+    sampler = ResumableBatchSampler(len(train), cfg.data.train_batch_size, seed=cfg.data.seed,
+                                    shuffle=cfg.data.shuffle)
+    reward = None
+    if score_rewards:
+        reward = RewardManager(fn_by_source=cfg.reward.fn_by_source, default_fn=cfg.reward.default_fn,
+                               timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers)
+        reward.check_sources(train.data_sources | (val.data_sources if val else set()))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return RunInputs(tokenizer, train, val, sampler, reward, int(pad))
+
+
+def preflight(cfg: RootConfig) -> None:
+    """Every check that can fail before processes start: files, names, layouts, batch sizes."""
+    from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+    from verl_mp.config.parallel import validate_layout
+    from verl_mp.config.rollout import validate_rollout_layout
+    from verl_mp.utils.launch import check_local_ranks
+
+    t = cfg.trainer
+    if t.launcher not in LAUNCHERS:
+        raise ValueError(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
+    check_local_ranks(t.nproc, "trainer.nproc")
+    _check_paths(cfg)
+    ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]  # unknown names list the valid ones
+    POLICY_LOSSES[cfg.actor.policy_loss]
+    KL_ESTIMATORS[cfg.actor.kl_loss_type]
+    KL_ESTIMATORS[cfg.algorithm.kl_penalty]
+    spec = _model_spec(cfg.model.path)
+    dp = validate_layout(cfg.actor.megatron, t.nproc, spec.shape, prefix="actor.megatron.")
+    validate_rollout_layout(cfg.rollout, t.nproc, spec.num_query_groups)
+    _check_batch_sizes(cfg, dp)
+
+
+def _check_paths(cfg: RootConfig) -> None:
+    if not cfg.model.path or not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
+        raise ValueError(f"model.path={cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
+    if not cfg.data.train_files:
+        raise ValueError("data.train_files is empty: give one or more parquet files")
+    for key in ("train_files", "val_files"):
+        for f in getattr(cfg.data, key):
+            if not os.path.isfile(f):
+                raise ValueError(f"data.{key}: {f} does not exist")
+
+
+def _model_spec(path: str):
+    from transformers import AutoConfig
+
+    from verl_mp.models.hf_config import spec_from_hf_config
+
+    return spec_from_hf_config(AutoConfig.from_pretrained(path), source=os.path.join(path, "config.json"))
+
+
+def _check_batch_sizes(cfg: RootConfig, dp: int) -> None:
+    d, a, n = cfg.data, cfg.actor, cfg.rollout.sampling.n
+    if d.train_batch_size % a.ppo_mini_batch_size != 0:
+        raise ValueError(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
+                         f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}")
+    if (a.ppo_mini_batch_size * n) % dp != 0:
+        raise ValueError(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} x rollout.sampling.n={n} "
+                         f"must be divisible by the data-parallel size {dp}")

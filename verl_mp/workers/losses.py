@@ -1,0 +1,59 @@
+"""Engine loss functions built from the algorithm layer (per micro-batch, [b, s] aligned).
+
+Every loss is normalised by *global* counts of the whole mini-batch (all micro-batches,
+all data-parallel ranks), so the engine can sum contributions. Mean-type metrics are
+scaled by (local tokens / global tokens) for the same reason; ``*_max``/``*_min`` are
+reduced by max/min.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl_mp.algo import POLICY_LOSSES, agg_loss, kl_loss, value_loss
+from verl_mp.config.schema import ActorConfig, CriticConfig
+
+
+def _scale_means(metrics: dict, local_tokens: torch.Tensor, global_tokens: float) -> dict:
+    out = {}
+    for k, v in metrics.items():
+        v = v.detach().float()
+        out[k] = v if k.endswith(("_max", "_min")) else v * (local_tokens / global_tokens)
+    return out
+
+
+def actor_loss(cfg: ActorConfig, global_tokens: float, global_seqs: float, max_len: int):
+    policy_loss = POLICY_LOSSES[cfg.policy_loss]
+    counts = dict(global_num_tokens=global_tokens, global_num_seqs=global_seqs, max_response_len=max_len)
+
+    def loss_fn(outputs: dict, mb: dict):
+        log_probs, mask = outputs["log_probs"], mb["response_mask"]
+        loss, metrics = policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+                                    clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
+                                    clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, **counts)
+        out = {"pg_loss": loss.detach()}
+        if "entropy" in outputs:
+            entropy = agg_loss(outputs["entropy"], mask, cfg.loss_agg_mode, **counts)
+            loss = loss - cfg.entropy_coeff * entropy
+            out["entropy"] = entropy.detach()
+        if cfg.use_kl_loss:
+            kl, _ = kl_loss(log_probs, mb["ref_log_probs"], mask, estimator=cfg.kl_loss_type,
+                            loss_agg_mode=cfg.loss_agg_mode, **counts)
+            loss = loss + cfg.kl_loss_coef * kl
+            out["kl_loss"] = kl.detach()
+        local = mask.sum()
+        return loss, {**out, **_scale_means(metrics, local, global_tokens)}
+
+    return loss_fn
+
+
+def critic_loss(cfg: CriticConfig, global_tokens: float, global_seqs: float, max_len: int):
+    counts = dict(global_num_tokens=global_tokens, global_num_seqs=global_seqs, max_response_len=max_len)
+
+    def loss_fn(outputs: dict, mb: dict):
+        mask = mb["response_mask"]
+        loss, metrics = value_loss(outputs["values"], mb["values"], mb["returns"], mask,
+                                   clip_range_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode, **counts)
+        return loss, {"vf_loss": loss.detach(), **_scale_means(metrics, mask.sum(), global_tokens)}
+
+    return loss_fn
