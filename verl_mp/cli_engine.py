@@ -60,7 +60,10 @@ def preflight(model_dir: str | Path, tp: int, pp: int, *, config_only: bool = Fa
 
     spec = open_hf_checkpoint(model_dir, config_only=config_only).spec
     parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    validate_layout(parallel, tp * pp, spec.shape, prefix="--")
+    try:
+        validate_layout(parallel, tp * pp, spec.shape)
+    except ValueError as err:
+        raise ValueError(f"--tp {tp} --pp {pp} does not fit {model_dir}: {err}") from None
     return spec
 
 

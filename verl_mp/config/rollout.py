@@ -49,8 +49,9 @@ class RolloutConfig:
     """Fraction of GPU memory vLLM may take (GPU only)."""
     cpu_kv_cache_gb: float = 1.0
     """KV-cache size per rank on CPU (VLLM_CPU_KVCACHE_SPACE); large values slow start-up."""
-    enforce_eager: bool = False
-    """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
+    enforce_eager: bool | None = None
+    """Disable CUDA graphs / torch.compile (faster start, slower decode). None: eager on
+    CPU (compiling costs tens of seconds per start there), compiled on GPU."""
     sleep_level: int = 1
     """vLLM sleep level while training (1: offload weights, drop KV cache). GPU only."""
     weight_sync_bucket_mb: int = 256

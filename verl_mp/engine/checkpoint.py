@@ -3,7 +3,8 @@
 A checkpoint saved at one (TP, PP) loads at any other: every tensor is stored with its
 global shape and each rank reads only its own slice. `save_model`/`load_model` handle the
 model alone; `save_training_state`/`load_training_state` add the DistributedOptimizer
-state (``fully_sharded_model_space`` format, also reshardable), the LR scheduler and the
+state (megatron's ``fully_reshardable`` format: per-parameter fp32 main weights and Adam
+moments in model space, so it too loads at any TP/PP/DP), the LR scheduler and the
 RNG states. RNG states are per rank (``rng/rank{r}.pt``) and are restored only when the
 checkpoint was written with the same world size and layout (a warning says so otherwise).
 
@@ -59,11 +60,36 @@ def load_model(chunks: list, directory: str) -> None:
         _unwrap(chunk).load_state_dict(loaded[f"chunk{i}"], strict=True)
 
 
+# megatron 0.16's default "fully_sharded_model_space" relies on ShardedTensor.flattened_range,
+# which its own validation now rejects; "fully_reshardable" also reshards over TP/PP/DP.
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def ensure_optimizer_state(optimizer) -> None:
+    """Allocate zero Adam state (step 0) where none exists yet, without touching parameters.
+
+    megatron's DistributedOptimizer builds its loading state dict from the existing torch
+    Adam state; a fresh optimizer (no step taken) has none and would fail.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if not inner.state[p]:
+                    inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p.data),
+                                          exp_avg_sq=torch.zeros_like(p.data))
+
+
 def _full_state(chunks, optimizer, scheduler, is_loading: bool) -> dict:
     model_sd = model_sharded_state_dict(chunks)
     state = {"model": model_sd}
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        if is_loading:
+            ensure_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                          metadata=dict(OPTIMIZER_METADATA))
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     return state
@@ -105,11 +131,32 @@ def load_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
         for i, chunk in enumerate(chunks):
             _unwrap(chunk).load_state_dict(loaded["model"][f"chunk{i}"], strict=True)
         if optimizer is not None:
-            optimizer.load_state_dict(loaded["optimizer"])
+            _load_optimizer(optimizer, loaded["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
     _maybe_restore_rng(directory, meta.get("layout"), state)
     return {k: v for k, v in meta.items() if k != "layout"}
+
+
+def _load_optimizer(optimizer, state_dict: dict) -> None:
+    """``optimizer.load_state_dict`` with a workaround for megatron-core 0.16 + torch Adam.
+
+    With torch's Adam (no apex/TE), ``DistributedOptimizer.load_state_dict`` first gives every
+    parameter a ``step`` state, then ``load_parameter_state_from_fully_reshardable`` copies
+    *every* state key from the checkpoint, which never contains ``step`` (KeyError). So the
+    parameter state is loaded in a second call with ``step`` removed for its duration.
+    Remove when megatron-core skips ``step`` in ``_set_main_param_and_optimizer_states``.
+    """
+    opts = getattr(optimizer, "chained_optimizers", [optimizer])
+    param_state = state_dict.pop("param_state", None) if len(opts) == 1 else None
+    optimizer.load_state_dict(state_dict)
+    if param_state is None:
+        return
+    inner = opts[0].optimizer.state
+    steps = {p: st.pop("step") for p, st in inner.items() if "step" in st}
+    opts[0].load_parameter_state_from_fully_reshardable(param_state)
+    for p, step in steps.items():
+        inner[p]["step"] = step
 
 
 def _rng_state() -> dict:

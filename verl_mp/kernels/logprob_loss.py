@@ -51,14 +51,15 @@ def _partial_stats_torch(logits, labels, vocab_start, compute_entropy, chunk_tok
     return row_max, sum_exp, ent_acc, target
 
 
-def _partial_stats_triton(logits, labels, vocab_start, compute_entropy):
+def _partial_stats_triton(logits, labels, vocab_start, compute_entropy, block_v=None, num_warps=None):
     from verl_mp.kernels._logprob_triton import logprob_fwd_kernel  # lazy: reads TRITON_INTERPRET
 
     n, vocab_local = logits.shape
     row_max, sum_exp, ent_acc, target = (
         torch.empty(n, device=logits.device, dtype=torch.float32) for _ in range(4)
     )
-    block_v, num_warps = _block_v(vocab_local)
+    default_block, default_warps = _block_v(vocab_local)
+    block_v, num_warps = block_v or default_block, num_warps or default_warps
     logprob_fwd_kernel[(n,)](
         logits, labels, row_max, sum_exp, ent_acc, target, logits.stride(0), vocab_local, vocab_start,
         COMPUTE_ENTROPY=compute_entropy, BLOCK_V=block_v, num_warps=num_warps,
@@ -143,12 +144,13 @@ def _backward_torch(logits, labels, vocab_start, lse, entropy, a, b, chunk_token
     return grad
 
 
-def _backward_triton(logits, labels, vocab_start, lse, entropy, a, b):
+def _backward_triton(logits, labels, vocab_start, lse, entropy, a, b, block_v=None, num_warps=None):
     from verl_mp.kernels._logprob_triton import logprob_bwd_kernel  # lazy: reads TRITON_INTERPRET
 
     n, vocab_local = logits.shape
     grad = torch.empty_like(logits)
-    block_v, num_warps = _block_v(vocab_local)
+    default_block, default_warps = _block_v(vocab_local)
+    block_v, num_warps = block_v or default_block, num_warps or default_warps
     logprob_bwd_kernel[(n,)](
         logits, grad, labels, lse, entropy, a.contiguous(), a if b is None else b.contiguous(),
         logits.stride(0), grad.stride(0), vocab_local, vocab_start,

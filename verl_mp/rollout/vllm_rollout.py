@@ -44,7 +44,7 @@ class VLLMRollout:
             tensor_parallel_size=self.tp_size,
             dtype=_VLLM_DTYPES[cfg.dtype],
             max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager,
+            enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else not torch.cuda.is_available(),
             seed=0,
             logprobs_mode="processed_logprobs",
         )
@@ -144,3 +144,18 @@ def _log_once(msg: str) -> None:
     if msg not in _LOGGED:
         _LOGGED.add(msg)
         logger.info(msg)
+
+
+def score_with_vllm(llm, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+    """Log-probs vLLM assigns to given responses (teacher forcing via prompt_logprobs)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+    seqs = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
+    outs = llm.generate(seqs, params, use_tqdm=False)
+    result = []
+    for out, p, r in zip(outs, prompt_ids, response_ids, strict=True):
+        entries = out.prompt_logprobs[len(p): len(p) + len(r)]
+        result.append([entry[tok].logprob for tok, entry in zip(r, entries, strict=True)])
+    return result

@@ -28,6 +28,9 @@ def _actor_class():
 
             self.worker = HybridWorker(cfg)
 
+        def ready(self) -> bool:
+            return True
+
         def execute(self, method: str, *args, **kwargs):
             return getattr(self.worker, method)(*args, **kwargs)
 
@@ -48,7 +51,7 @@ class RayWorkerGroup:
         port = free_port()
         actor = _actor_class()
         self.actors = [actor.options(**resources).remote(cfg, r, n, port, use_gpu) for r in range(n)]
-        self._call("__class__")  # wait until every rank finished building (surfaces init errors)
+        ray.get([a.ready.remote() for a in self.actors])  # surfaces construction errors
 
     def _call(self, method: str, *args, **kwargs):
         import ray

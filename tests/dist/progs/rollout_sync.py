@@ -1,0 +1,97 @@
+"""Megatron actor -> vLLM rollout weight sync at one (train TP, train PP, rollout TP).
+
+Writes JSON with: vLLM-vs-Megatron log-prob gaps before and after one optimizer step +
+sync, how much the step changed the log-probs, and the sync's memory high-water mark.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def engine_logprobs(engine, prompts, responses):
+    from verl_mp.data.rl_batch import RLBatch, attention_mask
+
+    batch = RLBatch.from_samples(prompts, responses, 1, 0, [""] * len(prompts), [""] * len(prompts))
+    lp = engine.compute_log_probs(batch.input_ids, attention_mask(batch))
+    return batch, batch.gather_response(lp)
+
+
+def max_gap(batch, a, b_lists):
+    from verl_mp.rollout.types import RolloutOutput
+
+    b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
+                      response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
+    return float(((a - b).abs() * batch.response_mask).max())
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--rollout-tp", type=int, default=1)
+    p.add_argument("--bucket-mb", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    from verl_mp.config.optim import OptimConfig
+    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.config.rollout import RolloutConfig, SamplingConfig
+    from verl_mp.engine.config import EngineConfig
+    from verl_mp.engine.engine import MegatronEngine
+    from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
+    from verl_mp.rollout.weight_sync import WeightSync
+
+    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
+    engine = MegatronEngine(EngineConfig(model_path=a.model, parallel=parallel, micro_batch_size=4,
+                                         optim=OptimConfig(lr=1e-2, weight_decay=0.0)))
+    engine.load_hf()
+    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128),
+                          a.model, engine.spec.num_query_groups)
+    sync = WeightSync(engine.spec, engine.chunks, engine.state, a.bucket_mb)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, engine.spec.vocab_size, (int(n),), generator=g).tolist()
+               for n in torch.randint(3, 9, (8,), generator=g)]
+    sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=10, seed=7)
+
+    out0 = rollout.generate(prompts, sampling)
+    batch0, eng0 = engine_logprobs(engine, prompts, out0.response_ids)
+    before_gap = max_gap(batch0, eng0, out0.response_logprobs)
+
+    # one optimizer step: push up the log-prob of the sampled responses
+    from verl_mp.data.rl_batch import attention_mask, to_positions
+
+    mask_s = to_positions(batch0, batch0.response_mask)
+    inputs = {"input_ids": batch0.input_ids, "attention_mask": attention_mask(batch0), "response_mask": mask_s}
+    total = float(mask_s.sum())
+    engine.train_step(inputs, lambda out, mb: (-(out["log_probs"] * mb["response_mask"]).sum() / total, {}))
+    rollout.load_weights(sync.iter_hf_weights())
+
+    out1 = rollout.generate(prompts, sampling)
+    batch1, eng1 = engine_logprobs(engine, prompts, out1.response_ids)
+    after_gap = max_gap(batch1, eng1, out1.response_logprobs)
+    # the update arrived: old samples now score differently in vLLM, and as Megatron says
+    rescored = score_with_vllm(rollout.llm, prompts, out0.response_ids)
+    _, eng0_new = engine_logprobs(engine, prompts, out0.response_ids)
+    changed = max_gap(batch0, eng0, rescored)
+    rescore_gap = max_gap(batch0, eng0_new, rescored)
+    stats = sync.last_stats
+    if dist.get_rank() == 0:
+        largest = max(info.param.numel() * info.param.element_size() * (a.tp if info.tp_dim is not None else 1)
+                      for info in sync.infos)
+        with open(a.out, "w") as f:
+            json.dump({"before_gap": before_gap, "after_gap": after_gap, "rescore_gap": rescore_gap,
+                       "changed": changed, "peak_transient_bytes": stats.peak_transient_bytes,
+                       "bucket_bytes": sync.bucket_bytes, "largest_local_full_bytes": largest,
+                       "largest_tensor_bytes_seen": stats.largest_tensor_bytes,
+                       "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets}, f)
+    dist.barrier()
+    os._exit(0)  # vLLM's in-process engine has no clean shutdown under torchrun
+
+
+if __name__ == "__main__":
+    main()
