@@ -36,9 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 COPY_BW_REFERENCE = 4.23e12  # bytes/s read+write, device copy measured on the H200 (issue 4)
 GIB = 1024**3
-GAE_SWEEP = [(1, 512, 4), (1, 1024, 4), (1, 1024, 8), (1, 2048, 8), (1, 4096, 16), (2, 256, 4),
-             (2, 512, 4), (2, 1024, 8), (4, 128, 4), (4, 256, 4), (4, 512, 4), (4, 512, 8), (8, 128, 4),
-             (8, 256, 4), (16, 64, 4)]
+GAE_SWEEP = [(1, 128, 1), (1, 256, 1), (1, 512, 1), (1, 256, 2), (1, 512, 2), (1, 1024, 4), (2, 128, 2),
+             (2, 256, 2), (2, 256, 4), (2, 512, 4), (4, 128, 4), (4, 256, 4), (4, 512, 8), (8, 128, 4)]
 LOGPROB_SWEEP = [(2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16)]
 PPO_ARGS = dict(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean")
 
@@ -78,7 +77,7 @@ class Bench:
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want|| in float64 (inf if got has NaN)."""
-    got, want = got.double(), want.double()
+    got, want = got.detach().double(), want.detach().double()
     if not torch.isfinite(got).all():
         return float("inf")
     return float((got - want).norm() / want.norm().clamp(min=1e-30))
@@ -118,7 +117,7 @@ def case_gae(args, bench: Bench, device: str, bandwidth: float) -> list[dict]:
     moved = rewards.nbytes + values.nbytes + mask.nbytes + 2 * rewards.nbytes
     floor_ms = moved / COPY_BW_REFERENCE * 1e3
     t_loop = bench.ms(lambda: gae_scan_torch(rewards, values, mask, 0.99, 0.95), rep_ms=1000)
-    configs = [None] + (GAE_SWEEP if args.sweep else [])
+    configs = [None] + (GAE_SWEEP[: 2 if args.small else None] if args.sweep else [])
     results = []
     for cfg in configs:
         kw = {} if cfg is None else dict(block_b=cfg[0], block_t=cfg[1], num_warps=cfg[2])
@@ -226,7 +225,9 @@ def case_logprob(args, bench: Bench, device: str) -> list[dict]:
     results = []
     cuda = device == "cuda"
     for name, fn in [("fused", fused), ("fused+entropy", lambda: fused(0.001)), ("unfused", unfused)]:
-        peak, (loss, _) = _peak_extra(fn) if cuda else (0.0, fn())
+        peak, out = _peak_extra(fn) if cuda else (0.0, fn())
+        loss = out[0]
+        del out  # drop the gradient before timing
         ms = bench.ms(lambda fn=fn: fn(), rep_ms=1000)
         results.append({"case": "logprob+ppo", "config": name, "shape": [n, vocab], "ms": ms,
                         "extra_peak_GiB": peak / GIB, "loss": float(loss), "rel_err": err if name != "unfused" else 0.0,
@@ -235,10 +236,11 @@ def case_logprob(args, bench: Bench, device: str) -> list[dict]:
     base = results[-1]
     for r in results[:-1]:
         r["baseline_ms"] = base["ms"]
-        r["loss_rel_diff"] = abs(r["loss"] - base["loss"]) / max(abs(base["loss"]), 1e-30)
         r["target"] = "<= 16 ms, >= 4x, <= 10 GiB"
-        r["pass"] = (r["ms"] <= 16.0 and base["ms"] / r["ms"] >= 4.0 and r["extra_peak_GiB"] <= 10.0
-                     and err < 1e-2 and r["loss_rel_diff"] < 1e-3)
+        r["pass"] = r["ms"] <= 16.0 and base["ms"] / r["ms"] >= 4.0 and r["extra_peak_GiB"] <= 10.0 and err < 1e-2
+    # Same loss as the unfused path (the entropy variant adds a bonus term, so not that one).
+    results[0]["loss_rel_diff"] = abs(results[0]["loss"] - base["loss"]) / max(abs(base["loss"]), 1e-30)
+    results[0]["pass"] = results[0]["pass"] and results[0]["loss_rel_diff"] < 1e-3
     if args.sweep:
         results += _sweep_logprob(bench, logits.detach(), labels)
     return results
@@ -252,7 +254,7 @@ def _sweep_logprob(bench: Bench, logits: torch.Tensor, labels: torch.Tensor) -> 
     lse = torch.randn(n, device=logits.device)
     a = torch.randn(n, device=logits.device)
     out = []
-    for block_v, warps in LOGPROB_SWEEP:
+    for block_v, warps in LOGPROB_SWEEP[: 2 if logits.device.type == "cpu" else None]:
         fwd = bench.ms(lambda: _partial_stats_triton(logits, labels, 0, False, block_v, warps))
         bwd = bench.ms(lambda: _backward_triton(logits, labels, 0, lse, lse, a, None, block_v, warps))
         free()

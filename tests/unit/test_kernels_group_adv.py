@@ -10,14 +10,14 @@ if not torch.cuda.is_available():
 
 from verl_mp.algo import ADVANTAGE_ESTIMATORS, group_outcome_torch  # noqa: E402
 from verl_mp.kernels import group_advantages_triton  # noqa: E402
-from verl_mp.kernels.dispatch import interpret_mode, triton_available  # noqa: E402
+from verl_mp.kernels.dispatch import interpreter_ready, triton_available  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [
     pytest.mark.unit,
     pytest.mark.skipif(
-        not triton_available() or not (DEVICE == "cuda" or interpret_mode()),
-        reason="needs triton on CUDA or TRITON_INTERPRET=1",
+        not triton_available() or not (DEVICE == "cuda" or interpreter_ready()),
+        reason="needs CUDA, or TRITON_INTERPRET=1 before triton's import (test_kernels_fresh_process)",
     ),
     pytest.mark.filterwarnings("ignore:a group has a single sample"),
 ]

@@ -11,12 +11,13 @@ if not torch.cuda.is_available():
 
 from verl_mp.algo import POLICY_LOSSES, entropy_bonus  # noqa: E402
 from verl_mp.kernels import combine_partial_stats, vocab_parallel_log_probs  # noqa: E402
-from verl_mp.kernels.dispatch import interpret_mode, triton_available  # noqa: E402
+from verl_mp.kernels.dispatch import interpreter_ready, triton_available  # noqa: E402
 from verl_mp.kernels.logprob_loss import _backward_torch, _partial_stats_torch, _partial_stats_triton  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-HAVE_TRITON = triton_available() and (DEVICE == "cuda" or interpret_mode())
-IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason="no triton"))]
+HAVE_TRITON = triton_available() and (DEVICE == "cuda" or interpreter_ready())
+NO_TRITON = "needs CUDA, or TRITON_INTERPRET=1 before triton's import (test_kernels_fresh_process)"
+IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON))]
 pytestmark = pytest.mark.unit
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 PPO = dict(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean")

@@ -145,7 +145,10 @@ def _load_optimizer(optimizer, state_dict: dict) -> None:
     parameter a ``step`` state, then ``load_parameter_state_from_fully_reshardable`` copies
     *every* state key from the checkpoint, which never contains ``step`` (KeyError). So the
     parameter state is loaded in a second call with ``step`` removed for its duration.
-    Remove when megatron-core skips ``step`` in ``_set_main_param_and_optimizer_states``.
+    ``load_state_dict`` also gives every parameter the *same* ``step`` tensor, which torch
+    Adam then increments once per parameter per step; each parameter gets its own copy.
+    Remove when megatron-core skips ``step`` in ``_set_main_param_and_optimizer_states``
+    and clones it per parameter.
     """
     opts = getattr(optimizer, "chained_optimizers", [optimizer])
     param_state = state_dict.pop("param_state", None) if len(opts) == 1 else None
@@ -156,7 +159,7 @@ def _load_optimizer(optimizer, state_dict: dict) -> None:
     steps = {p: st.pop("step") for p, st in inner.items() if "step" in st}
     opts[0].load_parameter_state_from_fully_reshardable(param_state)
     for p, step in steps.items():
-        inner[p]["step"] = step
+        inner[p]["step"] = step.detach().clone()
 
 
 def _rng_state() -> dict:

@@ -16,8 +16,11 @@ import torch.distributed as dist
 
 
 def _tp():
+    """(group, rank, size) of the TP group; a single rank when megatron is not initialised."""
     from megatron.core import parallel_state as mps
 
+    if not mps.model_parallel_is_initialized():
+        return None, 0, 1
     return mps.get_tensor_model_parallel_group(), mps.get_tensor_model_parallel_rank(), \
         mps.get_tensor_model_parallel_world_size()
 
@@ -57,8 +60,10 @@ def vocab_parallel_log_probs(
         local_max = x.masked_fill(~valid, float("-inf")).amax(dim=-1)
         if tp_size > 1:
             dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
-    shifted = x - local_max.unsqueeze(-1)
-    exp = torch.exp(shifted) * valid  # padded ids contribute exactly 0 (and 0 gradient)
+    # Padded ids: shifted set to 0 and exp to 0, so they add nothing (not even NaN/inf from
+    # arbitrary logits) to the softmax, and receive zero gradient.
+    shifted = (x - local_max.unsqueeze(-1)).masked_fill(~valid, 0.0)
+    exp = torch.exp(shifted).masked_fill(~valid, 0.0)
     sum_exp = _reduce(exp.sum(dim=-1), tp_size, group)
     log_z = torch.log(sum_exp)
     local_ids = targets - first

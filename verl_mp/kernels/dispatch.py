@@ -7,7 +7,7 @@ Selection, first match wins:
 3. ``"auto"``: Triton for CUDA tensors when Triton is installed, torch otherwise.
 
 Triton on CPU tensors runs only in interpreter mode (``TRITON_INTERPRET=1`` set before
-the first kernel is launched); that is how the unit tests exercise the kernels without a
+triton is first imported); that is how the unit tests exercise the kernels without a
 GPU. Asking for ``"triton"`` on CPU without it is an error, never a silent fallback.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +34,22 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def interpreter_ready() -> bool:
+    """Whether Triton kernels can run on CPU tensors in this process.
+
+    Needs ``TRITON_INTERPRET=1`` set before `triton.language` is first imported: Triton
+    fixes the mode of its own helpers (``tl.zeros``, ``tl.sum``, ...) at import time.
+    """
+    if not interpret_mode() or not triton_available():
+        return False
+    if "triton.language" not in sys.modules:
+        return True
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(tl.zeros, InterpretedFunction)
+
+
 def select_impl(impl: str | None, device: torch.device) -> str:
     """Resolve the implementation for tensors on `device`: returns "torch" or "triton"."""
     choice = impl if impl is not None else os.environ.get(ENV_VAR, "auto")
@@ -44,10 +61,10 @@ def select_impl(impl: str | None, device: torch.device) -> str:
     if choice == "triton":
         if not triton_available():
             raise ValueError(f"impl='triton' but triton is not installed; use impl='torch' or {ENV_VAR}=torch")
-        if device.type != "cuda" and not interpret_mode():
+        if device.type != "cuda" and not interpreter_ready():
             raise ValueError(
-                f"impl='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 (set before the "
-                f"first kernel launch); otherwise use impl='torch' or {ENV_VAR}=torch"
+                f"impl='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 set before triton "
+                f"is first imported; otherwise use impl='torch' or {ENV_VAR}=torch"
             )
     return choice
 

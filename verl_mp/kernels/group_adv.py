@@ -48,11 +48,11 @@ def group_advantages_triton(
         return adv, scores, sizes
     from verl_mp.kernels._group_adv_triton import group_adv_kernel  # lazy: reads TRITON_INTERPRET
 
-    block_n = min(next_pow2(num_rows), 16)
-    block_t = max(16, min(next_pow2(num_steps), 4096 // block_n))
+    block_ids = min(next_pow2(num_rows), 1024)
+    block_t = max(16, min(next_pow2(num_steps), 1024))
     group_adv_kernel[(num_rows,)](
         token_level_rewards, mask_for_kernel(response_mask), group_ids, adv, scores, sizes,
         num_rows, num_steps, float(eps),
-        MODE=GROUP_MODES[mode], BLOCK_N=block_n, BLOCK_T=block_t, num_warps=4,
+        MODE=GROUP_MODES[mode], BLOCK_IDS=block_ids, BLOCK_M=4, BLOCK_T=block_t, num_warps=4,
     )
     return adv, scores, sizes

@@ -71,6 +71,7 @@ def preflight(cfg: RootConfig) -> None:
     dp = validate_layout(cfg.actor.megatron, t.nproc, spec.shape, prefix="actor.megatron.")
     validate_rollout_layout(cfg.rollout, t.nproc, spec.num_query_groups)
     _check_batch_sizes(cfg, dp)
+    _check_lengths(cfg, spec)
 
 
 def _check_paths(cfg: RootConfig) -> None:
@@ -90,6 +91,17 @@ def _model_spec(path: str):
     from verl_mp.models.hf_config import spec_from_hf_config
 
     return spec_from_hf_config(AutoConfig.from_pretrained(path), source=os.path.join(path, "config.json"))
+
+
+def _check_lengths(cfg: RootConfig, spec) -> None:
+    r = cfg.rollout
+    if r.max_model_len > spec.max_position_embeddings:
+        raise ValueError(f"rollout.max_model_len={r.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={spec.max_position_embeddings}; lower it")
+    needed = cfg.data.max_prompt_length + max(r.sampling.max_new_tokens, r.val_sampling.max_new_tokens)
+    if needed > r.max_model_len:
+        raise ValueError(f"data.max_prompt_length + rollout max_new_tokens = {needed} exceeds "
+                         f"rollout.max_model_len={r.max_model_len}; raise max_model_len or shorten them")
 
 
 def _check_batch_sizes(cfg: RootConfig, dp: int) -> None:

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from verl_mp.algo import ADVANTAGE_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_kl_penalty
+from verl_mp.algo import (
+    ADVANTAGE_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    explained_variance,
+)
 from verl_mp.config.schema import AlgorithmConfig, RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
@@ -118,8 +124,13 @@ def advantage_metrics(batch: RLBatch) -> dict[str, float]:
     if not mask.any():
         return {}
     adv = batch.advantages[mask]
-    return {"critic/advantages/mean": adv.mean().item(), "critic/advantages/max": adv.max().item(),
-            "critic/advantages/min": adv.min().item()}
+    m = {"critic/advantages/mean": adv.mean().item(), "critic/advantages/max": adv.max().item(),
+         "critic/advantages/min": adv.min().item(),
+         "critic/returns/mean": batch.returns[mask].mean().item()}
+    if batch.values is not None:
+        m["critic/values/mean"] = batch.values[mask].mean().item()
+        m["critic/explained_variance"] = explained_variance(batch.values, batch.returns, batch.response_mask).item()
+    return m
 
 
 def tokens_in(batch: RLBatch) -> int:

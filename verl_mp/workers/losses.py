@@ -41,6 +41,10 @@ def actor_loss(cfg: ActorConfig, global_tokens: float, global_seqs: float, max_l
                             loss_agg_mode=cfg.loss_agg_mode, **counts)
             loss = loss + cfg.kl_loss_coef * kl
             out["kl_loss"] = kl.detach()
+            # Reduced by max and min over every rank: equal values prove that each rank's
+            # loss used the same configured coefficient.
+            coef = torch.tensor(float(cfg.kl_loss_coef))
+            out["kl_loss_coef_max"], out["kl_loss_coef_min"] = coef, coef
         local = mask.sum()
         return loss, {**out, **_scale_means(metrics, local, global_tokens)}
 

@@ -15,6 +15,7 @@ Checks (``--checks``, comma separated):
 
 import argparse
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,6 +119,8 @@ class Runner:
         b = batch_for(self.vocab(critic), 2)
         out["values"] = critic.compute_values(b["input_ids"], b["attention_mask"]).tolist()
         out["critic_metrics"] = critic.train_step(b, value_loss(b))
+        out["values_after"] = critic.compute_values(b["input_ids"], b["attention_mask"]).tolist()
+        critic.export_hf(str(Path(self.a.work) / "critic_export"))
 
     def check_save(self):
         engine = self.engine("llama", role="actor")
@@ -125,6 +128,9 @@ class Runner:
         engine.train_step(b0, pg_loss(b0), with_entropy=True)
         engine.save_checkpoint(str(Path(self.a.work) / "ckpt"))
         self.results["resume"] = self._continue(engine)
+        same_layout = self.engine("llama", role="actor")
+        same_layout.load_checkpoint(str(Path(self.a.work) / "ckpt"))
+        self.results["same_layout_resume"] = self._continue(same_layout)
 
     def check_resume(self):
         engine = self.engine("llama", role="actor")
@@ -164,7 +170,9 @@ def main():
     a = p.parse_args()
     runner = Runner(a)
     for check in a.checks.split(","):
+        start = time.time()
         getattr(runner, f"check_{check}")()
+        runner.results.setdefault("seconds", {})[check] = round(time.time() - start, 1)
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps(runner.results))
     dist.barrier()

@@ -1,0 +1,35 @@
+"""Helpers for end-to-end runs of the real CLI."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def base_overrides(inputs: dict, out_dir: Path, launcher: str, steps: int = 2) -> list[str]:
+    return [
+        f"model.path={inputs['model']}",
+        f"data.train_files=[{inputs['train']}]",
+        f"data.val_files=[{inputs['test']}]",
+        f"trainer.default_local_dir={out_dir}",
+        f"trainer.launcher={launcher}",
+        f"trainer.total_steps={steps}",
+        "trainer.test_freq=2",
+        "trainer.export_hf_at_end=false",
+        "data.train_batch_size=8",
+        "data.val_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.sampling.n=4",
+        "rollout.sampling.max_new_tokens=8",
+        "rollout.val_sampling.max_new_tokens=8",
+        "rollout.max_model_len=128",
+        "data.max_prompt_length=64",
+        "reward.num_workers=1",
+    ]
+
+
+def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "verl_mp.trainer.main", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return proc

@@ -1,0 +1,54 @@
+"""The real CLI for a few steps on CPU: Megatron TP=2 + vLLM TP=2 on gloo, Ray and torchrun."""
+
+import math
+
+import pytest
+
+from .helpers import base_overrides, run_cli
+from verl_mp.trainer.tracking import read_jsonl
+
+pytestmark = pytest.mark.e2e
+
+REQUIRED = [
+    "reward/score/mean", "reward/score/std", "reward/score/max", "reward/accuracy",
+    "response_length/mean", "response_length/max", "response_length/clip_ratio",
+    "actor/pg_loss", "actor/clipfrac", "actor/approx_kl", "actor/grad_norm", "actor/lr",
+    "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "rollout/sync_bytes",
+    "timing/generate_s", "timing/weight_sync_s", "timing/update_actor_s", "timing/step_s",
+    "perf/tokens_per_s", "timing/generate_tokens_per_s",
+]
+
+
+def _steps(out_dir):
+    return {r["step"]: r for r in read_jsonl(str(out_dir / "metrics.jsonl"))}
+
+
+@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+def test_grpo(tiny_run_inputs, tmp_path, launcher):
+    out = tmp_path / launcher
+    run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
+             "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+             "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001"])
+    steps = _steps(out)
+    assert set(steps) >= {0, 1, 2}
+    for key in REQUIRED + ["actor/kl_loss", "actor/entropy", "val/accuracy"]:
+        assert key in steps[2] and steps[2][key] is not None, key
+    for step in (1, 2):
+        # the rollout's log-probs equal the trainer's after every sync (fp32)
+        assert steps[step]["rollout/logprob_diff_max"] < 1e-4
+        # the CLI override reached the loss on every rank (max == min == value)
+        assert math.isclose(steps[step]["actor/kl_loss_coef_max"], 0.0123, rel_tol=1e-6)
+        assert math.isclose(steps[step]["actor/kl_loss_coef_min"], 0.0123, rel_tol=1e-6)
+    assert (out / "config.yaml").read_text().count("kl_loss_coef: 0.0123") == 1
+    assert (out / "checkpoints" / "global_step_2" / "meta.json").exists()
+
+
+def test_ppo_with_critic(tiny_run_inputs, tmp_path):
+    out = tmp_path / "ppo"
+    run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun"),
+             "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+             "trainer.save_final=false"])
+    steps = _steps(out)
+    for key in REQUIRED + ["critic/vf_loss", "critic/vf_clipfrac", "critic/explained_variance",
+                           "actor/reward_kl_penalty", "timing/update_critic_s", "timing/values_s"]:
+        assert key in steps[2] and steps[2][key] is not None, key
