@@ -32,16 +32,23 @@ def _returns_python(rewards, mask, gamma):
 
 
 def _whiten_python(x, mask):
-    vals = [v for row, mrow in zip(x, mask) for v, m in zip(row, mrow) if m]
+    vals = [
+        v for row, mrow in zip(x, mask, strict=True) for v, m in zip(row, mrow, strict=True) if m
+    ]
     mean, var = statistics.fmean(vals), statistics.variance(vals)
-    return [[(v - mean) / math.sqrt(var + 1e-8) if m else 0.0 for v, m in zip(row, mrow)] for row, mrow in zip(x, mask)]
+    return [
+        [(v - mean) / math.sqrt(var + 1e-8) if m else 0.0 for v, m in zip(row, mrow, strict=True)]
+        for row, mrow in zip(x, mask, strict=True)
+    ]
 
 
 def test_gae_hand_computed():
     rewards = T([[0.0, 0.0, 1.0], [0.0, 9.0, 1.0], [5.0, 5.0, 5.0]])
     values = T([[0.5, 0.5, 0.5], [0.5, 7.0, 0.5], [1.0, 1.0, 1.0]])
     mask = T([[1, 1, 1], [1, 0, 1], [0, 0, 0]])  # a gap, and an empty row
-    adv, ret = ADVANTAGE_ESTIMATORS["gae"](rewards, values, mask, 0.5, 0.5, whiten=False, impl="torch")
+    adv, ret = ADVANTAGE_ESTIMATORS["gae"](
+        rewards, values, mask, 0.5, 0.5, whiten=False, impl="torch"
+    )
     expected = T([[-0.28125, -0.125, 0.5], [-0.125, 0.0, 0.5], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, T([[0.21875, 0.375, 1.0], [0.375, 0.0, 1.0], [0.0, 0.0, 0.0]]))
@@ -53,7 +60,9 @@ def test_gae_random_matches_python_and_whitens():
     mask = torch.rand(4, 9, generator=g) > 0.3
     mask[1] = False
     raw = _gae_python(rewards.tolist(), values.tolist(), mask.tolist(), 0.9, 0.8)
-    adv, ret = ADVANTAGE_ESTIMATORS["gae"](rewards, values, mask, 0.9, 0.8, whiten=False, impl="torch")
+    adv, ret = ADVANTAGE_ESTIMATORS["gae"](
+        rewards, values, mask, 0.9, 0.8, whiten=False, impl="torch"
+    )
     torch.testing.assert_close(adv, T(raw), atol=1e-5, rtol=0)
     torch.testing.assert_close(ret, (T(raw) + values) * mask, atol=1e-5, rtol=0)
     white, _ = ADVANTAGE_ESTIMATORS["gae"](rewards, values, mask, 0.9, 0.8, impl="torch")
@@ -66,7 +75,9 @@ def _outcome_rewards():
     mask = torch.ones(7, 4, dtype=torch.bool)
     mask[1] = False  # empty response: score 0
     mask[0, 2:] = False
-    for row, (t, r) in enumerate([(1, 1.0), (3, 7.0), (3, 1.0), (3, 1.0), (3, 2.0), (3, 2.0), (3, 5.0)]):
+    for row, (t, r) in enumerate(
+        [(1, 1.0), (3, 7.0), (3, 1.0), (3, 1.0), (3, 2.0), (3, 2.0), (3, 5.0)]
+    ):
         rewards[row, t] = r
     ids = T([10, 10, 10, 10, 4, 4, 99])
     return rewards, mask, ids
@@ -81,7 +92,9 @@ def test_grpo_hand_computed():
     adv, ret = ADVANTAGE_ESTIMATORS["grpo"](rewards, mask, ids, impl="torch")
     # group 10 scores [1, 0, 1, 1]: mean 0.75, unbiased std 0.5
     s = 0.5 + 1e-6
-    torch.testing.assert_close(adv, _expand([0.25 / s, -0.75 / s, 0.25 / s, 0.25 / s, 0, 0, 0], mask))
+    torch.testing.assert_close(
+        adv, _expand([0.25 / s, -0.75 / s, 0.25 / s, 0.25 / s, 0, 0, 0], mask)
+    )
     assert ret is adv
     assert (adv[4:] == 0).all()  # equal rewards and the singleton give exactly 0
 
@@ -126,7 +139,9 @@ def test_reinforce_plus_plus_hand_computed():
 
 def test_reinforce_plus_plus_baseline():
     rewards, mask, ids = _outcome_rewards()
-    adv, ret = ADVANTAGE_ESTIMATORS["reinforce_plus_plus_baseline"](rewards, mask, ids, impl="torch")
+    adv, ret = ADVANTAGE_ESTIMATORS["reinforce_plus_plus_baseline"](
+        rewards, mask, ids, impl="torch"
+    )
     centred = _expand([0.25, -0.75, 0.25, 0.25, 0, 0, 0], mask)
     torch.testing.assert_close(adv, T(_whiten_python(centred.tolist(), mask.tolist())))
     assert ret is adv

@@ -28,7 +28,10 @@ def _batch():
         "returns": torch.randn(B, T, generator=g),
         "old_values": torch.randn(B, T, generator=g),
     }
-    params = {"logp": data["old"] + 0.3 * torch.randn(B, T, generator=g), "values": torch.randn(B, T, generator=g)}
+    params = {
+        "logp": data["old"] + 0.3 * torch.randn(B, T, generator=g),
+        "values": torch.randn(B, T, generator=g),
+    }
     return mask, data, params
 
 
@@ -40,8 +43,14 @@ def _loss(name, mode, params, data, mask, rows, counts):
     logp = cut(params["logp"])
     loss, _ = POLICY_LOSSES[name](logp, cut(data["old"]), cut(data["adv"]), cut(mask), **CLIP, **kw)
     kl, _ = kl_loss(logp, cut(data["ref"]), cut(mask), estimator="k3", **kw)
-    vf, _ = value_loss(cut(params["values"]), cut(data["old_values"]), cut(data["returns"]), cut(mask),
-                       clip_range_value=0.5, **kw)
+    vf, _ = value_loss(
+        cut(params["values"]),
+        cut(data["old_values"]),
+        cut(data["returns"]),
+        cut(mask),
+        clip_range_value=0.5,
+        **kw,
+    )
     return loss + 0.1 * kl + vf
 
 
@@ -50,7 +59,11 @@ def _grads(name, mode, splits, global_counts):
     params = {k: v.clone().requires_grad_() for k, v in raw.items()}
     counts = {}
     if global_counts:
-        counts = {"global_num_tokens": mask.sum(), "global_num_seqs": (mask.sum(-1) > 0).sum(), "max_response_len": T}
+        counts = {
+            "global_num_tokens": mask.sum(),
+            "global_num_seqs": (mask.sum(-1) > 0).sum(),
+            "max_response_len": T,
+        }
     total = torch.zeros(())
     for rows in splits:
         loss = _loss(name, mode, params, data, mask, rows, counts)
@@ -69,7 +82,9 @@ def _split(num_ranks, num_micro):
 def test_gradient_invariant_to_micro_batches_and_dp(name, mode):
     ref_loss, ref_logp, ref_values = _grads(name, mode, [torch.arange(B)], global_counts=False)
     for num_ranks, num_micro in [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
-        loss, g_logp, g_values = _grads(name, mode, _split(num_ranks, num_micro), global_counts=True)
+        loss, g_logp, g_values = _grads(
+            name, mode, _split(num_ranks, num_micro), global_counts=True
+        )
         torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(g_logp, ref_logp, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(g_values, ref_values, atol=1e-6, rtol=1e-5)

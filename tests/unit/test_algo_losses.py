@@ -43,12 +43,16 @@ def test_ppo_clip_higher_and_dual_clip():
     torch.testing.assert_close(metrics["clipfrac_lower"], T(0.2))
     torch.testing.assert_close(metrics["ratio_max"], T(5.0))
     torch.testing.assert_close(metrics["ratio_min"], T(0.5))
-    torch.testing.assert_close(metrics["approx_kl"], -torch.log(T([1.1, 1.5, 0.5, 0.7, 5.0])).mean())
+    torch.testing.assert_close(
+        metrics["approx_kl"], -torch.log(T([1.1, 1.5, 0.5, 0.7, 5.0])).mean()
+    )
 
 
 def test_ppo_without_dual_clip():
     log_probs, old, adv, mask = _ppo_case()
-    loss, metrics = POLICY_LOSSES["ppo"](log_probs, old, adv, mask, **{**CLIP, "clip_ratio_c": None})
+    loss, metrics = POLICY_LOSSES["ppo"](
+        log_probs, old, adv, mask, **{**CLIP, "clip_ratio_c": None}
+    )
     torch.testing.assert_close(loss, T(2.92 / 5))
     loss.backward()
     torch.testing.assert_close(log_probs.grad, T([[-1.1, 0.0, -0.5, 0.0, 5.0]]) / 5)
@@ -148,12 +152,16 @@ def test_kl_controllers():
 def test_value_loss_clipping():
     values = T([[1.0, 2.0]], requires_grad=True)
     old, returns, mask = T([[0.5, 2.0]]), T([[2.0, 1.0]]), T([[1, 1]])
-    loss, metrics = value_loss(values, old, returns, mask, clip_range_value=0.2, loss_agg_mode="token-mean")
+    loss, metrics = value_loss(
+        values, old, returns, mask, clip_range_value=0.2, loss_agg_mode="token-mean"
+    )
     torch.testing.assert_close(loss, T((0.5 * 1.69 + 0.5) / 2))
     loss.backward()
     torch.testing.assert_close(values.grad, T([[0.0, 0.5]]))
     torch.testing.assert_close(metrics["vf_clipfrac"], T(0.5))
-    loss, _ = value_loss(values, old, returns, mask, clip_range_value=None, loss_agg_mode="token-mean")
+    loss, _ = value_loss(
+        values, old, returns, mask, clip_range_value=None, loss_agg_mode="token-mean"
+    )
     torch.testing.assert_close(loss, T(0.5))
 
 

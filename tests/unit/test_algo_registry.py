@@ -2,15 +2,27 @@
 
 import pytest
 
-from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, Registry, UnknownNameError, resolve
+from verl_mp.algo import (
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    Registry,
+    UnknownNameError,
+    resolve,
+)
 
 pytestmark = pytest.mark.unit
 
 
 def test_builtin_names():
-    assert {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"} <= set(
-        ADVANTAGE_ESTIMATORS
-    )
+    assert {
+        "gae",
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+    } <= set(ADVANTAGE_ESTIMATORS)
     assert {"ppo", "gspo", "pg"} <= set(POLICY_LOSSES)
     assert {"k1", "k2", "k3", "low_var_kl", "abs"} <= set(KL_ESTIMATORS)
     assert KL_ESTIMATORS["low_var_kl"] is KL_ESTIMATORS["k3"]

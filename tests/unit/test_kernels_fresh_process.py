@@ -32,7 +32,9 @@ def test_kernel_tests_in_fresh_process():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     files = [str(HERE / f) for f in KERNEL_TESTS]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", *files]
-    proc = subprocess.run(cmd, env=env, cwd=HERE.parent.parent, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        cmd, env=env, cwd=HERE.parent.parent, capture_output=True, text=True, timeout=600
+    )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "passed" in summary and "skipped" not in summary, proc.stdout[-2000:]

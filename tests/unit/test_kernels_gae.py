@@ -27,7 +27,9 @@ pytestmark = [
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def ragged_inputs(num_rows, num_steps, dtype=torch.float32, mask_dtype=torch.bool, seed=0, holes=True):
+def ragged_inputs(
+    num_rows, num_steps, dtype=torch.float32, mask_dtype=torch.bool, seed=0, holes=True
+):
     """Right-padded responses of random length (some empty), optionally with holes."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, num_steps + 1, (num_rows,), generator=g)
@@ -58,7 +60,7 @@ def test_gae_kernel_default_config(shape):
     rewards, values, mask = ragged_inputs(*shape, seed=3)
     ref = gae_scan_torch(rewards, values, mask, 1.0, 1.0)
     out = gae_triton(rewards, values, mask, 1.0, 1.0)
-    for got, want in zip(out, ref):
+    for got, want in zip(out, ref, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -66,7 +68,9 @@ def test_estimators_use_kernel():
     rewards, values, mask = ragged_inputs(4, 24, seed=5, holes=False)
     for name, args in [("gae", (values, mask, 0.9, 0.7)), ("reinforce_plus_plus", (mask, 0.9))]:
         fn = ADVANTAGE_ESTIMATORS[name]
-        for got, want in zip(fn(rewards, *args, impl="triton"), fn(rewards, *args, impl="torch")):
+        for got, want in zip(
+            fn(rewards, *args, impl="triton"), fn(rewards, *args, impl="torch"), strict=True
+        ):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -100,5 +104,5 @@ def test_gae_kernel_large_gpu():
     rewards, values, mask = ragged_inputs(64, 3000, seed=7)
     out = gae_triton(rewards, values, mask, 0.999, 0.95)
     ref = gae_scan_torch(rewards, values, mask, 0.999, 0.95)  # fp32, one step at a time
-    for got, want in zip(out, ref):
+    for got, want in zip(out, ref, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)

@@ -31,7 +31,9 @@ def ragged_groups(num_rows, num_steps, num_ids, dtype=torch.float32, seed=0):
     ids[num_rows // 2] = 2**40  # a group of one
     lengths = torch.randint(0, num_steps + 1, (num_rows,), generator=g)
     mask = torch.arange(num_steps)[None, :] < lengths[:, None]
-    rewards = (torch.rand(num_rows, num_steps, generator=g) < 0.3).float() * torch.randn(num_rows, num_steps, generator=g)
+    rewards = (torch.rand(num_rows, num_steps, generator=g) < 0.3).float() * torch.randn(
+        num_rows, num_steps, generator=g
+    )
     return rewards.to(dtype).to(DEVICE), mask.to(DEVICE), ids.to(DEVICE)
 
 

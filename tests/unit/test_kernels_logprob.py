@@ -12,12 +12,19 @@ if not torch.cuda.is_available():
 from verl_mp.algo import POLICY_LOSSES, entropy_bonus  # noqa: E402
 from verl_mp.kernels import combine_partial_stats, vocab_parallel_log_probs  # noqa: E402
 from verl_mp.kernels.dispatch import interpreter_ready, triton_available  # noqa: E402
-from verl_mp.kernels.logprob_loss import _backward_torch, _partial_stats_torch, _partial_stats_triton  # noqa: E402
+from verl_mp.kernels.logprob_loss import (  # noqa: E402
+    _backward_torch,
+    _partial_stats_torch,
+    _partial_stats_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HAVE_TRITON = triton_available() and (DEVICE == "cuda" or interpreter_ready())
 NO_TRITON = "needs CUDA, or TRITON_INTERPRET=1 before triton's import (test_kernels_fresh_process)"
-IMPLS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON))]
+IMPLS = [
+    "torch",
+    pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)),
+]
 pytestmark = pytest.mark.unit
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 PPO = dict(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean")
@@ -66,12 +73,16 @@ def test_fused_ppo_loss_matches_unfused(impl):
     labels[-1] = 0
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], device=DEVICE)
     g = torch.Generator().manual_seed(2)
-    old = naive(logits, labels)[0].float().view(2, 4) + 0.2 * torch.randn(2, 4, generator=g).to(DEVICE)
+    old = naive(logits, labels)[0].float().view(2, 4) + 0.2 * torch.randn(2, 4, generator=g).to(
+        DEVICE
+    )
     adv = torch.randn(2, 4, generator=g).to(DEVICE)
 
     def loss_of(logp, ent):
         loss, metrics = POLICY_LOSSES["ppo"](logp.view(2, 4), old, adv, mask, **PPO)
-        return loss - 0.01 * entropy_bonus(ent.view(2, 4), mask, loss_agg_mode="token-mean"), metrics
+        return loss - 0.01 * entropy_bonus(
+            ent.view(2, 4), mask, loss_agg_mode="token-mean"
+        ), metrics
 
     x = logits.clone().requires_grad_()
     loss, metrics = loss_of(*vocab_parallel_log_probs(x, labels, compute_entropy=True, impl=impl))
@@ -90,15 +101,25 @@ def test_tp_shards_combine_to_full_vocab(impl):
     logits, labels = make_inputs(5, 400, torch.float32, seed=3)
     shards, starts = (logits[:, :250].contiguous(), logits[:, 250:].contiguous()), (0, 250)
     stats = [
-        _partial_stats_triton(s, labels, v0, True) if impl == "triton" else _partial_stats_torch(s, labels, v0, True, 2)
-        for s, v0 in zip(shards, starts)
+        _partial_stats_triton(s, labels, v0, True)
+        if impl == "triton"
+        else _partial_stats_torch(s, labels, v0, True, 2)
+        for s, v0 in zip(shards, starts, strict=True)
     ]
-    lse, target, ent = combine_partial_stats(*(torch.stack(parts) for parts in zip(*stats)))
+    lse, target, ent = combine_partial_stats(
+        *(torch.stack(parts) for parts in zip(*stats, strict=True))
+    )
     ref_logp, ref_ent = naive(logits, labels)
     torch.testing.assert_close((target - lse).double(), ref_logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=0)
     a, b = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
-    grad = torch.cat([_backward_torch(s, labels, v0, lse, ent, a, b, 2) for s, v0 in zip(shards, starts)], -1)
+    grad = torch.cat(
+        [
+            _backward_torch(s, labels, v0, lse, ent, a, b, 2)
+            for s, v0 in zip(shards, starts, strict=True)
+        ],
+        -1,
+    )
     y = logits.double().requires_grad_()
     ref = naive(y, labels)
     ((ref[0] * a).sum() + (ref[1] * b).sum()).backward()
@@ -140,7 +161,9 @@ def test_tp_all_reduce_path(monkeypatch):
         try:
             group.local.rank = rank
             shard = logits[:, rank * 200 : (rank + 1) * 200].contiguous().requires_grad_()
-            logp, ent = vocab_parallel_log_probs(shard, labels, compute_entropy=True, tp_group=group, impl=impl)
+            logp, ent = vocab_parallel_log_probs(
+                shard, labels, compute_entropy=True, tp_group=group, impl=impl
+            )
             (logp.sum() + 0.5 * ent.sum()).backward()
             results[rank] = (logp.detach(), ent.detach(), shard.grad)
         except Exception as err:  # surfaced in the main thread below

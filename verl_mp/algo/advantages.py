@@ -121,7 +121,11 @@ def gae(token_level_rewards, values, response_mask, gamma, lam, *, whiten=True, 
         from verl_mp.kernels.gae import gae_triton
 
         adv, ret = gae_triton(
-            token_level_rewards.contiguous(), values.contiguous(), response_mask.contiguous(), gamma, lam
+            token_level_rewards.contiguous(),
+            values.contiguous(),
+            response_mask.contiguous(),
+            gamma,
+            lam,
         )
     else:
         adv, ret = gae_scan_torch(token_level_rewards, values, response_mask, gamma, lam)
@@ -136,14 +140,18 @@ def grpo(token_level_rewards, response_mask, group_ids, norm_by_std=True, eps=1e
     Dr.GRPO (mean only). Returns (advantages, returns) with returns = advantages.
     """
     mode = "std" if norm_by_std else "mean"
-    adv = _group_outcome(token_level_rewards.contiguous(), response_mask.contiguous(), group_ids, mode, eps, impl)
+    adv = _group_outcome(
+        token_level_rewards.contiguous(), response_mask.contiguous(), group_ids, mode, eps, impl
+    )
     return adv, adv
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo(token_level_rewards, response_mask, group_ids, *, impl=None):
     """RLOO: score minus the mean score of the other samples of the group."""
-    adv = _group_outcome(token_level_rewards.contiguous(), response_mask.contiguous(), group_ids, "rloo", 0.0, impl)
+    adv = _group_outcome(
+        token_level_rewards.contiguous(), response_mask.contiguous(), group_ids, "rloo", 0.0, impl
+    )
     return adv, adv
 
 

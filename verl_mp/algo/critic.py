@@ -36,8 +36,12 @@ def value_loss(
         loss_mat = 0.5 * torch.maximum(loss_plain, loss_clip)
         clipped = loss_clip > loss_plain
     loss = agg_loss(
-        loss_mat, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        loss_mat,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )
     metrics = {
         "vf_clipfrac": masked_mean(clipped.float(), response_mask).detach(),
@@ -46,10 +50,14 @@ def value_loss(
     return loss, metrics
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
     """1 - Var[R - V] / Var[R] over real tokens (0-dim fp32); 0 when Var[R] is 0."""
     mask = as_float_mask(response_mask)
     var_returns = masked_var(returns, mask)
     var_residual = masked_var(returns.float() - values.float(), mask)
     safe = torch.where(var_returns > 0, var_returns, torch.ones_like(var_returns))
-    return torch.where(var_returns > 0, 1.0 - var_residual / safe, torch.zeros_like(var_returns)).detach()
+    return torch.where(
+        var_returns > 0, 1.0 - var_residual / safe, torch.zeros_like(var_returns)
+    ).detach()

@@ -24,7 +24,11 @@ def log_probs_from_logits(
         .squeeze(-1)
         for i in range(0, flat.shape[0], chunk_tokens)
     ]
-    return torch.cat(out).reshape(labels.shape) if out else flat.new_zeros(labels.shape, dtype=torch.float32)
+    return (
+        torch.cat(out).reshape(labels.shape)
+        if out
+        else flat.new_zeros(labels.shape, dtype=torch.float32)
+    )
 
 
 def entropy_from_logits(logits: torch.Tensor, *, chunk_tokens: int = 4096) -> torch.Tensor:
@@ -51,6 +55,10 @@ def entropy_bonus(
     """Aggregated entropy `[B, T]` -> 0-dim; the actor loss subtracts
     ``entropy_coeff * entropy_bonus(...)``."""
     return agg_loss(
-        entropy, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        entropy,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )

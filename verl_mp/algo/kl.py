@@ -68,8 +68,12 @@ def kl_loss(
     """KL loss term (to be scaled by the KL loss coefficient): (loss, {"kl_loss": ...})."""
     kl = KL_ESTIMATORS[estimator](log_probs, ref_log_probs)
     loss = agg_loss(
-        kl, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        kl,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )
     return loss, {"kl_loss": loss.detach()}
 
@@ -116,7 +120,9 @@ class AdaptiveKLController:
 
     def __post_init__(self) -> None:
         if self.target_kl <= 0 or self.horizon <= 0:
-            raise ValueError(f"target_kl={self.target_kl} and horizon={self.horizon} must be positive")
+            raise ValueError(
+                f"target_kl={self.target_kl} and horizon={self.horizon} must be positive"
+            )
 
     def update(self, current_kl: float, n_steps: int) -> None:
         """current_kl: measured KL of the last batch; n_steps: samples in that batch."""

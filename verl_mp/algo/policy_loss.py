@@ -49,7 +49,9 @@ def clipped_surrogate(
     dual = torch.zeros_like(clipped)
     if clip_ratio_c is not None:
         if clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c={clip_ratio_c} must be > 1 (or None to disable dual clip)")
+            raise ValueError(
+                f"clip_ratio_c={clip_ratio_c} must be > 1 (or None to disable dual clip)"
+            )
         bound = -advantages * clip_ratio_c
         dual = (advantages < 0) & (loss > bound)
         loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
@@ -57,15 +59,31 @@ def clipped_surrogate(
 
 
 def _check_shapes(log_probs, old_log_probs, advantages, response_mask) -> None:
-    for name, t in (("old_log_probs", old_log_probs), ("advantages", advantages), ("response_mask", response_mask)):
+    for name, t in (
+        ("old_log_probs", old_log_probs),
+        ("advantages", advantages),
+        ("response_mask", response_mask),
+    ):
         if t.shape != log_probs.shape:
-            raise ValueError(f"{name} shape {tuple(t.shape)} != log_probs shape {tuple(log_probs.shape)}")
+            raise ValueError(
+                f"{name} shape {tuple(t.shape)} != log_probs shape {tuple(log_probs.shape)}"
+            )
 
 
 @POLICY_LOSSES.register("ppo")
 def ppo(
-    log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high, clip_ratio_c,
-    loss_agg_mode, global_num_tokens=None, global_num_seqs=None, max_response_len=None,
+    log_probs,
+    old_log_probs,
+    advantages,
+    response_mask,
+    *,
+    clip_low,
+    clip_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    global_num_tokens=None,
+    global_num_seqs=None,
+    max_response_len=None,
 ):
     """PPO clipped surrogate; ratio = exp(log_probs - old_log_probs) per token.
 
@@ -74,23 +92,41 @@ def ppo(
     advantages from below (dual clip), None disables it.
     """
     _check_shapes(log_probs, old_log_probs, advantages, response_mask)
-    log_ratio = torch.clamp(log_probs.float() - old_log_probs.float(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(
+        log_probs.float() - old_log_probs.float(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+    )
     ratio = torch.exp(log_ratio)
-    loss_mat, clipped, dual = clipped_surrogate(ratio, advantages.float(), clip_low, clip_high, clip_ratio_c)
+    loss_mat, clipped, dual = clipped_surrogate(
+        ratio, advantages.float(), clip_low, clip_high, clip_ratio_c
+    )
     metrics = _ratio_metrics(log_ratio.detach(), ratio.detach(), response_mask)
     metrics["clipfrac"] = masked_mean(clipped.float(), response_mask).detach()
     metrics["clipfrac_lower"] = masked_mean(dual.float(), response_mask).detach()
     loss = agg_loss(
-        loss_mat, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        loss_mat,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )
     return loss, metrics
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo(
-    log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high, clip_ratio_c,
-    loss_agg_mode, global_num_tokens=None, global_num_seqs=None, max_response_len=None,
+    log_probs,
+    old_log_probs,
+    advantages,
+    response_mask,
+    *,
+    clip_low,
+    clip_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    global_num_tokens=None,
+    global_num_seqs=None,
+    max_response_len=None,
 ):
     """GSPO: clip the sequence-level ratio s_i = exp(mean_t(log_probs - old_log_probs)).
 
@@ -111,28 +147,48 @@ def gspo(
     metrics["clipfrac"] = masked_mean(clipped.float(), response_mask).detach()
     metrics["clipfrac_lower"] = torch.zeros((), device=log_probs.device)
     loss = agg_loss(
-        loss_mat, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        loss_mat,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )
     return loss, metrics
 
 
 @POLICY_LOSSES.register("pg")
 def pg(
-    log_probs, old_log_probs, advantages, response_mask, *, clip_low, clip_high, clip_ratio_c,
-    loss_agg_mode, global_num_tokens=None, global_num_seqs=None, max_response_len=None,
+    log_probs,
+    old_log_probs,
+    advantages,
+    response_mask,
+    *,
+    clip_low,
+    clip_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    global_num_tokens=None,
+    global_num_seqs=None,
+    max_response_len=None,
 ):
     """Plain policy gradient (REINFORCE): loss = -advantages * log_probs, no ratio, no
     clipping (the clip arguments are unused; `old_log_probs` feeds the metrics only)."""
     _check_shapes(log_probs, old_log_probs, advantages, response_mask)
     log_probs = log_probs.float()
     loss_mat = -advantages.float() * log_probs
-    log_ratio = torch.clamp(log_probs.detach() - old_log_probs.float(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = torch.clamp(
+        log_probs.detach() - old_log_probs.float(), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP
+    )
     metrics = _ratio_metrics(log_ratio, torch.exp(log_ratio), response_mask)
     metrics["clipfrac"] = torch.zeros((), device=log_probs.device)
     metrics["clipfrac_lower"] = torch.zeros((), device=log_probs.device)
     loss = agg_loss(
-        loss_mat, response_mask, loss_agg_mode, global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs, max_response_len=max_response_len,
+        loss_mat,
+        response_mask,
+        loss_agg_mode,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        max_response_len=max_response_len,
     )
     return loss, metrics

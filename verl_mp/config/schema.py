@@ -133,6 +133,9 @@ class TrainerConfig:
     nproc: int = 2
     """Ranks on this machine (GPUs, or gloo processes on CPU)."""
     total_steps: int = 20
+    max_steps_this_run: int | None = None
+    """Stop this invocation after this many steps (e.g. a job's time limit); a later run
+    with resume_mode=auto continues. The LR schedule still spans total_steps."""
     save_freq: int = 0
     """Checkpoint every N steps (0: only at the end when save_final is set)."""
     save_final: bool = True

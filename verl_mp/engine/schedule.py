@@ -20,7 +20,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from verl_mp.engine.runtime import ParallelState, megatron_scope
+from verl_mp.engine.runtime import ParallelState, local_device, megatron_scope
 
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -104,7 +104,8 @@ def reduce_metrics(per_micro_batch: list[dict], state: ParallelState) -> dict[st
     for name in names:
         vals = [mb[name].float().reshape(()) for mb in per_micro_batch]
         op, local = _reduce_op(name, vals)
-        t = torch.tensor([local], dtype=torch.float64)
+        # On the rank's device: NCCL cannot reduce CPU tensors.
+        t = torch.tensor([local], dtype=torch.float64, device=local_device())
         dist.all_reduce(t, op=op, group=mps.get_data_parallel_group(with_context_parallel=True))
         values[name] = t
     for name in names:

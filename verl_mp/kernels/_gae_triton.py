@@ -64,16 +64,24 @@ def gae_kernel(
     carry_lg = tl.zeros([BLOCK_B], dtype=tl.float32)
     carry_nv = tl.zeros([BLOCK_B], dtype=tl.float32)
     t_next = num_steps - 1 - j  # descending time: processing order
-    r_n, v_n, m_n, vs_n, ms_n = _load_tile(rewards_ptr, values_ptr, mask_ptr, row_base, row_ok, t_next, num_steps)
+    r_n, v_n, m_n, vs_n, ms_n = _load_tile(
+        rewards_ptr, values_ptr, mask_ptr, row_base, row_ok, t_next, num_steps
+    )
     for _ in range(0, num_steps, BLOCK_T):
         t = t_next
         r, v, m, v_shift, m_shift = r_n, v_n, m_n, vs_n, ms_n
         t_next = t - BLOCK_T
-        r_n, v_n, m_n, vs_n, ms_n = _load_tile(rewards_ptr, values_ptr, mask_ptr, row_base, row_ok, t_next, num_steps)
-        a_nv, e_nv = tl.associative_scan((1.0 - m_shift, m_shift * v_shift), axis=1, combine_fn=_compose)
+        r_n, v_n, m_n, vs_n, ms_n = _load_tile(
+            rewards_ptr, values_ptr, mask_ptr, row_base, row_ok, t_next, num_steps
+        )
+        a_nv, e_nv = tl.associative_scan(
+            (1.0 - m_shift, m_shift * v_shift), axis=1, combine_fn=_compose
+        )
         next_value = a_nv * carry_nv[:, None] + e_nv
         delta = m * (r + gamma * next_value - v)
-        a_lg, e_lg = tl.associative_scan((m * (gamma * lam) + (1.0 - m), delta), axis=1, combine_fn=_compose)
+        a_lg, e_lg = tl.associative_scan(
+            (m * (gamma * lam) + (1.0 - m), delta), axis=1, combine_fn=_compose
+        )
         lg = a_lg * carry_lg[:, None] + e_lg
         ok = row_ok[:, None] & (t >= 0)[None, :]
         offs = row_base[:, None] + t[None, :]

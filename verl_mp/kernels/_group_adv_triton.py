@@ -93,14 +93,20 @@ def group_adv_kernel(
             rows, member, rank, n = _chunk_members(ids_ptr, j0, gid, num_rows, BLOCK_IDS)
             for k in range(0, n, BLOCK_M):
                 sel, valid = _gather_rows(rows, member, rank, k, n, BLOCK_M)
-                tl.store(scores_ptr + sel, _row_scores(rewards_ptr, mask_ptr, sel, valid, num_steps, BLOCK_T), mask=valid)
+                tl.store(
+                    scores_ptr + sel,
+                    _row_scores(rewards_ptr, mask_ptr, sel, valid, num_steps, BLOCK_T),
+                    mask=valid,
+                )
             count += n
         tl.debug_barrier()  # scores written above are re-read by other threads below
         shift = tl.load(scores_ptr + me)
         sum_dev = tl.zeros([BLOCK_IDS], dtype=tl.float32)
         for j0 in range(0, num_rows, BLOCK_IDS):
             rows, member, _, _ = _chunk_members(ids_ptr, j0, gid, num_rows, BLOCK_IDS)
-            sum_dev += tl.where(member, tl.load(scores_ptr + rows, mask=member, other=0.0) - shift, 0.0)
+            sum_dev += tl.where(
+                member, tl.load(scores_ptr + rows, mask=member, other=0.0) - shift, 0.0
+            )
         n_f = count.to(tl.float32)
         mean = shift + tl.sum(sum_dev, axis=0) / n_f
         # Singleton groups get advantage 0 (scale 0) instead of 0/0.

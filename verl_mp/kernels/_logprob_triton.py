@@ -15,7 +15,9 @@ reading their logits. Offsets are int64: tokens x vocab exceeds 2^31.
 import triton
 import triton.language as tl
 
-NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps (m_old - m_new) * s free of inf * 0
+NEG_BIG = tl.constexpr(
+    -1.0e30
+)  # finite "minus infinity": keeps (m_old - m_new) * s free of inf * 0
 
 
 @triton.jit

@@ -60,7 +60,9 @@ def select_impl(impl: str | None, device: torch.device) -> str:
         return "triton" if device.type == "cuda" and triton_available() else "torch"
     if choice == "triton":
         if not triton_available():
-            raise ValueError(f"impl='triton' but triton is not installed; use impl='torch' or {ENV_VAR}=torch")
+            raise ValueError(
+                f"impl='triton' but triton is not installed; use impl='torch' or {ENV_VAR}=torch"
+            )
         if device.type != "cuda" and not interpreter_ready():
             raise ValueError(
                 f"impl='triton' on a {device.type} tensor needs TRITON_INTERPRET=1 set before triton "
@@ -91,7 +93,9 @@ def check_tensor(
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device}")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (call .contiguous() first); strides {t.stride()}")
+        raise ValueError(
+            f"{name} must be contiguous (call .contiguous() first); strides {t.stride()}"
+        )
 
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from verl_mp.kernels.dispatch import FLOAT_DTYPES, MASK_DTYPES, check_tensor, mask_for_kernel, next_pow2
+from verl_mp.kernels.dispatch import (
+    FLOAT_DTYPES,
+    MASK_DTYPES,
+    check_tensor,
+    mask_for_kernel,
+    next_pow2,
+)
 
 GROUP_MODES = {"mean": 0, "std": 1, "rloo": 2}
 
@@ -51,8 +57,19 @@ def group_advantages_triton(
     block_ids = min(next_pow2(num_rows), 1024)
     block_t = max(16, min(next_pow2(num_steps), 1024))
     group_adv_kernel[(num_rows,)](
-        token_level_rewards, mask_for_kernel(response_mask), group_ids, adv, scores, sizes,
-        num_rows, num_steps, float(eps),
-        MODE=GROUP_MODES[mode], BLOCK_IDS=block_ids, BLOCK_M=4, BLOCK_T=block_t, num_warps=4,
+        token_level_rewards,
+        mask_for_kernel(response_mask),
+        group_ids,
+        adv,
+        scores,
+        sizes,
+        num_rows,
+        num_steps,
+        float(eps),
+        MODE=GROUP_MODES[mode],
+        BLOCK_IDS=block_ids,
+        BLOCK_M=4,
+        BLOCK_T=block_t,
+        num_warps=4,
     )
     return adv, scores, sizes

@@ -49,8 +49,11 @@ class RLTrainer:
         last: dict[str, float] = {}
         if self.cfg.trainer.val_before_train and start == 0 and self.cfg.trainer.test_freq:
             self.tracker.log(self.validate(), step=0)
+        limit = self.cfg.trainer.max_steps_this_run
+        end = total if limit is None else min(total, start + limit)
+        self._end = end
         with Progress(total, initial=start, rank=self.rank) as bar:
-            for step in range(start + 1, total + 1):
+            for step in range(start + 1, end + 1):
                 last = self.train_step(step)
                 if self.cfg.trainer.test_freq and (step % self.cfg.trainer.test_freq == 0 or step == total):
                     last.update(self.validate())
@@ -58,7 +61,7 @@ class RLTrainer:
                     self.save(step)
                 self.tracker.log(last, step=step)
                 bar.update(last)
-        if self.cfg.trainer.export_hf_at_end:
+        if self.cfg.trainer.export_hf_at_end and end == total:
             self.workers.export_hf(os.path.join(self.cfg.trainer.default_local_dir, "hf"))
         self.tracker.close()
         return last
@@ -141,7 +144,8 @@ class RLTrainer:
     # -- checkpoints -------------------------------------------------------------------------
     def _should_save(self, step: int) -> bool:
         t = self.cfg.trainer
-        return bool(t.save_freq and step % t.save_freq == 0) or (t.save_final and step == t.total_steps)
+        last_of_run = step == t.total_steps or (t.max_steps_this_run is not None and step == self._end)
+        return bool(t.save_freq and step % t.save_freq == 0) or (t.save_final and last_of_run)
 
     def save(self, step: int) -> None:
         staging = self.ckpt.staging_dir(step)
@@ -152,6 +156,7 @@ class RLTrainer:
                 json.dump(state, f)
             with open(os.path.join(staging, "config.yaml"), "w") as f:
                 f.write(to_yaml(self.cfg))
+        _fault_injection_delay()
         self.ckpt.commit(step)
 
     def resume(self) -> int:
@@ -168,3 +173,13 @@ class RLTrainer:
         # The rollout engine still holds the initial weights: never sample from them.
         self.workers.sync_weights()
         return step
+
+
+def _fault_injection_delay() -> None:
+    """``VERL_MP_CKPT_COMMIT_DELAY_S``: wait before publishing a checkpoint, so that tests
+    can kill the trainer deterministically while a checkpoint is half written."""
+    delay = float(os.environ.get("VERL_MP_CKPT_COMMIT_DELAY_S", "0") or 0)
+    if delay > 0:
+        import time
+
+        time.sleep(delay)

@@ -80,8 +80,11 @@ def launch_local(
     cmd = torchrun_command(nproc, target, args, module=module)
     logger.info("launching: %s", " ".join(cmd))
     pipe = subprocess.PIPE if capture_output else None
+    # With a timeout the ranks get their own process group so that all of them can be
+    # stopped together; without one they stay in the caller's group, so that a signal to
+    # the caller's group (Ctrl-C, a scheduler's SIGKILL) reaches every rank.
     proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=True)
+                            start_new_session=timeout_s is not None)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -1,0 +1,70 @@
+"""Resume is exact, and a trainer killed mid-checkpoint resumes from the last complete one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from verl_mp.trainer.tracking import read_jsonl
+
+from .helpers import base_overrides, run_cli
+
+pytestmark = pytest.mark.e2e
+
+# wall-clock dependent metrics can differ between runs; everything else must not
+VOLATILE = ("timing/", "perf/", "rollout/sync_gbps")
+
+
+def _by_step(out_dir):
+    rows = {}
+    for r in read_jsonl(str(out_dir / "metrics.jsonl")):
+        rows.setdefault(r["step"], {}).update(r)
+    return {s: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for s, r in rows.items()}
+
+
+def test_resume_gives_identical_metrics(tiny_run_inputs, tmp_path):
+    common = ["--config-name", "grpo", "trainer.total_steps=4", "trainer.save_freq=2", "trainer.test_freq=2"]
+    full = tmp_path / "full"
+    run_cli(common + base_overrides(tiny_run_inputs, full, "torchrun", steps=4))
+    split = tmp_path / "split"
+    run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4) + ["trainer.max_steps_this_run=2"])
+    assert not (split / "checkpoints" / "global_step_4").exists()
+    run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4))
+    a, b = _by_step(full), _by_step(split)
+    assert set(a) == set(b) == {0, 1, 2, 3, 4}
+    for step in (3, 4):
+        assert a[step].keys() == b[step].keys()
+        for key, value in a[step].items():
+            assert b[step][key] == value, (step, key, value, b[step][key])
+
+
+def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
+    out = tmp_path / "killed"
+    args = ["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=3),
+            "trainer.save_freq=1", "trainer.test_freq=0"]
+    env = dict(os.environ, VERL_MP_CKPT_COMMIT_DELAY_S="30")
+    proc = subprocess.Popen([sys.executable, "-m", "verl_mp.trainer.main", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    staging = out / "checkpoints" / ".tmp_global_step_2"
+    deadline = time.time() + 400
+    try:
+        while not (staging / "trainer_state.json").exists():
+            assert proc.poll() is None, "trainer exited before reaching the second checkpoint"
+            assert time.time() < deadline, "timed out waiting for the second checkpoint"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ckpts = out / "checkpoints"
+    assert (ckpts / "global_step_1" / "meta.json").exists()
+    assert not (ckpts / "global_step_2").exists()  # the half-written one never looks complete
+
+    result = run_cli(args)
+    assert "resuming from" in result.stderr and "global_step_1" in result.stderr
+    steps = {r["step"] for r in read_jsonl(str(out / "metrics.jsonl"))}
+    assert {1, 2, 3} <= steps
+    assert (ckpts / "global_step_3" / "meta.json").exists()
+    assert not staging.exists()
