@@ -52,6 +52,9 @@ class RolloutConfig:
     enforce_eager: bool | None = None
     """Disable CUDA graphs / torch.compile (faster start, slower decode). None: eager on
     CPU (compiling costs tens of seconds per start there), compiled on GPU."""
+    load_format: str = "auto"
+    """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
+    the real weights arrive through the first sync."""
     sleep_level: int = 1
     """vLLM sleep level while training (1: offload weights, drop KV cache). GPU only."""
     weight_sync_bucket_mb: int = 256

@@ -47,6 +47,7 @@ class VLLMRollout:
             enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else not torch.cuda.is_available(),
             seed=0,
             logprobs_mode="processed_logprobs",
+            load_format=cfg.load_format,
         )
         if world > 1:
             kwargs.update(distributed_executor_backend="external_launcher",

@@ -28,6 +28,19 @@ def max_gap(batch, a, b_lists):
     return float(((a - b).abs() * batch.response_mask).max())
 
 
+def mean_gap(batch, a, b_lists):
+    from verl_mp.rollout.types import RolloutOutput
+
+    b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
+                      response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
+    return float(((a - b).abs() * batch.response_mask).sum() / batch.response_mask.sum())
+
+
+def _used_gb() -> float:
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -35,6 +48,7 @@ def main():
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--bucket-mb", type=int, default=1)
+    p.add_argument("--dtype", default="fp32")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -48,9 +62,10 @@ def main():
 
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
     engine = MegatronEngine(EngineConfig(model_path=a.model, parallel=parallel, micro_batch_size=4,
-                                         optim=OptimConfig(lr=1e-2, weight_decay=0.0)))
+                                         dtype=a.dtype, optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
     engine.load_hf()
-    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128),
+    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128,
+                                        dtype=a.dtype, gpu_memory_utilization=0.3),
                           a.model, engine.spec.num_query_groups)
     sync = WeightSync(engine.spec, engine.chunks, engine.state, a.bucket_mb)
     g = torch.Generator().manual_seed(0)
@@ -68,8 +83,18 @@ def main():
     mask_s = to_positions(batch0, batch0.response_mask)
     inputs = {"input_ids": batch0.input_ids, "attention_mask": attention_mask(batch0), "response_mask": mask_s}
     total = float(mask_s.sum())
+    memory = {}
+    if torch.cuda.is_available():  # hand device memory over: vLLM sleeps while Megatron trains
+        torch.cuda.synchronize()
+        memory["before_sleep_gb"] = _used_gb()
+        rollout.sleep()
+        memory["asleep_gb"] = _used_gb()
     engine.train_step(inputs, lambda out, mb: (-(out["log_probs"] * mb["response_mask"]).sum() / total, {}))
+    rollout.wake_up(["weights"])
     rollout.load_weights(sync.iter_hf_weights())
+    rollout.wake_up(["kv_cache"])
+    if torch.cuda.is_available():
+        memory["awake_gb"] = _used_gb()
 
     out1 = rollout.generate(prompts, sampling)
     batch1, eng1 = engine_logprobs(engine, prompts, out1.response_ids)
@@ -88,7 +113,8 @@ def main():
                        "changed": changed, "peak_transient_bytes": stats.peak_transient_bytes,
                        "bucket_bytes": sync.bucket_bytes, "largest_local_full_bytes": largest,
                        "largest_tensor_bytes_seen": stats.largest_tensor_bytes,
-                       "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets}, f)
+                       "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets,
+                       "mean_gap_after": mean_gap(batch1, eng1, out1.response_logprobs), **memory}, f)
     dist.barrier()
     os._exit(0)  # vLLM's in-process engine has no clean shutdown under torchrun
 

@@ -1,0 +1,122 @@
+"""Benchmark the whole Megatron -> vLLM weight sync (gather/reshard, convert, vLLM load).
+
+Run under torchrun on GPUs (world size = train TP = rollout TP):
+
+    torchrun --nproc-per-node 1 benchmarks/weight_sync.py --size 1.5b --out result.json
+
+Builds a randomly initialised megatron GPTModel of a real shape (bf16) and a colocated
+vLLM engine started with ``load_format=dummy``; then times ``iters`` full syncs
+(bucketed TP gather -> HF names -> ``reload_weights``) and reports seconds, GB moved,
+GB/s and the sync's transient memory. A final check compares one vLLM and one Megatron
+tensor after the sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+SHAPES = {
+    # Qwen2-1.5B and Qwen2-7B shapes
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+}
+
+
+def write_config(size: str, directory: str) -> str:
+    from transformers import Qwen2Config
+
+    from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+
+    cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=4096, rms_norm_eps=1e-6, torch_dtype="bfloat16")
+    cfg.save_pretrained(directory)
+    build_tiny_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--size", choices=sorted(SHAPES), default="1.5b")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+
+    from transformers import AutoConfig
+
+    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.config.rollout import RolloutConfig
+    from verl_mp.engine import model as mmodel
+    from verl_mp.engine.runtime import initialize_parallel
+    from verl_mp.models.hf_config import spec_from_hf_config
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+    from verl_mp.rollout.weight_sync import WeightSync
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    parallel = ParallelConfig(tensor_model_parallel_size=world)
+    state = initialize_parallel(parallel)
+    path = os.path.join(tempfile.gettempdir(), f"verl_mp_bench_{a.size}")
+    if dist.get_rank() == 0:
+        write_config(a.size, path)
+    dist.barrier()
+    spec = spec_from_hf_config(AutoConfig.from_pretrained(path))
+    chunks = mmodel.build_gpt_chunks(spec, mmodel.transformer_config(spec, parallel, "bf16"), state)
+    train_bytes = torch.cuda.memory_allocated()
+    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=world, dtype="bf16", load_format="dummy",
+                                        gpu_memory_utilization=0.35, enforce_eager=True, max_model_len=2048),
+                          path, spec.num_query_groups)
+    sync = WeightSync(spec, chunks, state, a.bucket_mb)
+    rollout.load_weights(sync.iter_hf_weights())  # warm-up
+    times, peaks = [], []
+    for _ in range(a.iters):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        rollout.load_weights(sync.iter_hf_weights())
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    stats = sync.last_stats
+    check = _check_one_tensor(rollout, chunks)
+    result = dict(size=a.size, world=world, dtype="bf16", bucket_mb=a.bucket_mb,
+                  gbytes=stats.bytes_synced / 1e9, seconds_median=sorted(times)[len(times) // 2],
+                  seconds_all=times, gbps=stats.bytes_synced / 1e9 / sorted(times)[len(times) // 2],
+                  sync_transient_peak_gb=stats.peak_transient_bytes / 1e9,
+                  cuda_peak_extra_gb=max(peaks) / 1e9, train_weights_gb=train_bytes / 1e9,
+                  num_buckets=stats.num_buckets, final_layernorm_max_abs_diff=check,
+                  gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+    if dist.get_rank() == 0:
+        print(json.dumps(result))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
+    dist.barrier()
+    os._exit(0)
+
+
+def _check_one_tensor(rollout, chunks) -> float:
+    """Max |vLLM final norm - Megatron final norm| (a replicated tensor: exact after sync)."""
+    from verl_mp.engine.layout import unwrap
+
+    megatron = unwrap(chunks[-1]).decoder.final_layernorm.weight.detach().float()
+
+    def read(worker):
+        model = worker.model_runner.get_model()
+        return model.model.norm.weight.detach().float().cpu()
+
+    vllm = rollout.llm.collective_rpc(read)[0]
+    return float((vllm - megatron.cpu()).abs().max())
+
+
+if __name__ == "__main__":
+    main()
