@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One GPU session on the H200 machine (see benchmarks/README.md). Phases, each one call:
-#   kernels : carry .gpu-vllm/part1; stash it in ~/gvk; time the Triton kernels.
-#   main    : carry .gpu-vllm/part2 and .whl; install megatron-core/omegaconf + vLLM 0.26;
-#             run the gpu tests and the 1.5B weight-sync benchmark (1 and 2 GPUs).
-#   big     : (same machine, right after main) the 7B weight-sync benchmark.
+# One GPU session on the H200 machine, in two back-to-back calls (vLLM comes in 2 parts):
+#   stash : carry .gpu-vllm/part1; keep it in ~/gvk (outside the checkout).
+#   main  : carry .gpu-vllm/part2 and .whl; install megatron-core/omegaconf + vLLM 0.26;
+#           run the gpu tests (colocated sync, sleep/wake) and the weight-sync benchmark
+#           (1.5B and 7B shapes, 1 and 2 GPUs).
 # Logs and JSON results go to $OUT.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh kernels|main|big}
+phase=${1:?usage: gpu_session.sh stash|main}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -16,33 +16,40 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 setup_python() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   if [ ! -d ~/vllm026/site ]; then
-    cp .gpu-vllm/part2/* ~/gvk/ && bash ~/gvk/install.sh ~/gvk ~/vllm026 > "$OUT/vllm_install.log" 2>&1 || { tail -20 "$OUT/vllm_install.log"; exit 1; }
+    cp .gpu-vllm/part2/* ~/gvk/ && bash ~/gvk/install.sh ~/gvk ~/vllm026 > "$OUT/vllm_install.log" 2>&1 \
+      || { tail -20 "$OUT/vllm_install.log"; exit 1; }
   fi
-  export PYTHONPATH=/tmp/site:~/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+  export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+}
+
+run_main() {
+  setup_python
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_cuda.py \
+    tests/gpu/test_rollout_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^[{]|passed|failed|Error" | tail -20
+  for run in "1.5b 1" "7b 1" "1.5b 2" "7b 2"; do
+    set -- $run
+    [ "$2" -le "$ngpu" ] || continue
+    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node "$2" benchmarks/weight_sync.py \
+      --size "$1" --out "$OUT/sync_$1_tp$2.json" > "$OUT/sync_$1_tp$2.log" 2>&1
+    echo "sync $1 tp$2 rc=$?"
+    grep -E '^[{]' "$OUT/sync_$1_tp$2.log" | tail -1
+  done
 }
 
 case "$phase" in
-kernels)
-  mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/
-  PYTHONPATH=$PWD python3 benchmarks/kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -25
-  ;;
-main)
-  setup_python
-  timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\{|passed|failed|Error" | tail -20
-  for n in 1 2; do
-    [ "$n" -le "$ngpu" ] || continue
-    timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node $n benchmarks/weight_sync.py \
-      --size 1.5b --out "$OUT/sync_1.5b_tp$n.json" > "$OUT/sync_1.5b_tp$n.log" 2>&1; echo "sync 1.5b tp$n rc=$?"
-    grep -E '^\{' "$OUT/sync_1.5b_tp$n.log" | tail -1
-  done
-  ;;
-big)
-  setup_python
-  for n in 1 2; do
-    [ "$n" -le "$ngpu" ] || continue
-    timeout 280 python3 -m torch.distributed.run --standalone --nproc-per-node $n benchmarks/weight_sync.py \
-      --size 7b --out "$OUT/sync_7b_tp$n.json" > "$OUT/sync_7b_tp$n.log" 2>&1; echo "sync 7b tp$n rc=$?"
-    grep -E '^\{' "$OUT/sync_7b_tp$n.log" | tail -1
-  done
-  ;;
+  quick)  # tight budget: the 1-GPU test on GPU 0 while GPU 1 times the sync
+    setup_python
+    [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+    (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_rollout_gpu.py \
+      -k tp1pp1 -s > "$OUT/gpu_tests.log" 2>&1; echo "gpu test rc=$?") &
+    for size in 1.5b 7b; do
+      CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+        benchmarks/weight_sync.py --size $size --out "$OUT/sync_${size}_tp1.json" > "$OUT/sync_${size}_tp1.log" 2>&1
+      echo "sync $size rc=$?"; grep -E '^[{]' "$OUT/sync_${size}_tp1.log" | tail -1
+    done
+    wait; grep -E "^[{]|passed|failed" "$OUT/gpu_tests.log" | tail -5 ;;
+  stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
+  main) run_main ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

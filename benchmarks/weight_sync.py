@@ -36,7 +36,8 @@ def write_config(size: str, directory: str) -> str:
 
     from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
 
-    cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=4096, rms_norm_eps=1e-6, torch_dtype="bfloat16")
+    cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=4096, rms_norm_eps=1e-6, torch_dtype="bfloat16",
+                      architectures=["Qwen2ForCausalLM"])
     cfg.save_pretrained(directory)
     build_tiny_tokenizer().save_pretrained(directory)
     return directory

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from verl_mp import cli_engine
-from verl_mp.models.hf_checkpoint import SliceReader, open_hf_checkpoint
 from verl_mp.models.convert import SliceRead
+from verl_mp.models.hf_checkpoint import SliceReader, open_hf_checkpoint
 from verl_mp.models.tiny import build_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
@@ -118,4 +118,16 @@ def test_verify_exit_code_and_json_line(tiny, monkeypatch, capsys, diff, tol, rc
     assert cli_engine.main(argv) == rc
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == {"max_abs_diff": diff, "tol": tol or 1e-4, "passed": rc == 0, "tp": 2, "pp": 2,
-                    "arch": "Qwen2ForCausalLM", "dtype": "fp32"}
+                    "arch": "Qwen2ForCausalLM", "dtype": "fp32", "reference": "hf-fp32"}
+
+
+@pytest.mark.parametrize("diff,hf_err,rc", [(0.06, 0.01, 1), (0.06, 0.05, 0), (0.04, 0.0, 0)])
+def test_verify_bf16_tolerance_follows_hf_bf16_error(tiny, monkeypatch, capsys, diff, hf_err, rc):
+    def fake_launch(module, nproc, args, **kw):
+        with open(args[args.index("--out") + 1], "w") as f:
+            json.dump({"max_abs_diff": diff, "hf_bf16_max_abs_diff": hf_err}, f)
+
+    monkeypatch.setattr(cli_engine, "launch_local", fake_launch)
+    assert cli_engine.main(["verify", "--model", str(tiny), "--dtype", "bf16"]) == rc
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["tol"] == pytest.approx(max(0.05, 1.5 * hf_err)) and line["hf_bf16_max_abs_diff"] == hf_err

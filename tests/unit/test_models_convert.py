@@ -14,7 +14,12 @@ from verl_mp.models.convert import (
     tp_shard_plan,
 )
 from verl_mp.models.hf_config import spec_from_hf_config
-from verl_mp.models.registry import ARCHITECTURES, Architecture, get_architecture, register_architecture
+from verl_mp.models.registry import (
+    ARCHITECTURES,
+    Architecture,
+    get_architecture,
+    register_architecture,
+)
 from verl_mp.models.rope import rope_inv_freq
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
 

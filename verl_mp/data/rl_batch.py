@@ -76,9 +76,10 @@ class RLBatch:
         return pos.clamp(max=self.input_ids.shape[1] - 1)
 
     def gather_response(self, per_position: torch.Tensor) -> torch.Tensor:
-        """Pick ``[B, T]`` response values out of ``[B, S]`` next-token values; 0 on padding."""
-        out = torch.gather(per_position, 1, self.response_positions().to(per_position.device))
-        return out * self.response_mask.to(out.device)
+        """Pick ``[B, T]`` response values out of ``[B, S]`` next-token values; 0 on padding.
+        The result is on the CPU, like every RLBatch tensor."""
+        out = torch.gather(per_position.cpu(), 1, self.response_positions())
+        return out * self.response_mask
 
     def select(self, index: torch.Tensor | list[int]) -> RLBatch:
         """Rows ``index`` of every field (a mini-batch, a data-parallel shard)."""

@@ -116,16 +116,21 @@ def save_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
     dist.barrier()
 
 
-def load_training_state(chunks, optimizer, scheduler, state: ParallelState, directory: str) -> dict:
-    """Load what `save_training_state` wrote (at any TP/PP); return its ``extra`` metadata."""
-    from megatron.core import dist_checkpointing
-
+def read_meta(directory: str) -> dict:
+    """The JSON metadata `save_training_state` wrote (layout, role, ...)."""
     meta_file = os.path.join(directory, META_FILE)
     if not os.path.isfile(meta_file):
         raise FileNotFoundError(f"{meta_file} not found: {directory} is not an engine checkpoint "
                                 f"written by save_checkpoint")
     with open(meta_file) as f:
-        meta = json.load(f)
+        return json.load(f)
+
+
+def load_training_state(chunks, optimizer, scheduler, state: ParallelState, directory: str) -> dict:
+    """Load what `save_training_state` wrote (at any TP/PP); return its ``extra`` metadata."""
+    from megatron.core import dist_checkpointing
+
+    meta = read_meta(directory)
     with megatron_scope():
         loaded = dist_checkpointing.load(_full_state(chunks, optimizer, scheduler, is_loading=True), directory)
         for i, chunk in enumerate(chunks):

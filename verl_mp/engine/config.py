@@ -40,7 +40,8 @@ class EngineConfig:
     offload_optimizer: bool = False
     """Between train steps, keep optimizer state (fp32 main weights, Adam moments) on CPU."""
     seed: int = 1234
-    """Seeds megatron's RNG tracker and the value head's initialisation."""
+    """Seeds megatron's RNG tracker (dropout; initial weights before a checkpoint is loaded).
+    A critic's fresh value head is drawn from a fixed seed (`ValueHead`)."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -38,6 +38,13 @@ EngineLossFn = Callable[[dict, dict], tuple[torch.Tensor, dict]]
 
 
 class MegatronEngine:
+    """One role's model on this rank (see the module doc and docs/engine.md).
+
+    Construction validates the HF checkpoint and the layout, starts (or reuses) megatron's
+    parallel groups and builds the model (plus DDP and optimizer unless ``role="ref"``);
+    weights come from `load_hf` or `load_checkpoint`.
+    """
+
     def __init__(self, config: EngineConfig):
         self.config = config
         # Validates config and safetensors headers before anything is built.
@@ -174,7 +181,8 @@ class MegatronEngine:
             raise ValueError(f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} "
                              f"must both be [B, S]")
         rows = self._dp_rows(ids.shape[0])
-        local = {k: v[rows] for k, v in batch.items()}
+        # Planned on the CPU; each micro-batch then moves to the device (MicroBatch.to).
+        local = {k: v[rows.to(v.device)].cpu() for k, v in batch.items()}
         starts, lengths = batching.row_spans(local["attention_mask"])
         cfg = self.config
         groups = batching.plan_micro_batches(lengths.tolist(), micro_batch_size=cfg.micro_batch_size,
@@ -222,10 +230,12 @@ class MegatronEngine:
         return hf_weights.DTYPE_NAMES.get(self.hf.torch_dtype or "", self.tf_config.params_dtype)
 
     def load_checkpoint(self, directory: str) -> None:
+        """Load `save_checkpoint`'s output (saved at any TP/PP); a ref engine loads only the model."""
         self._require_onloaded()
-        meta = checkpoint.load_training_state(self.chunks, self.optimizer, self.scheduler, self.state, directory)
-        if meta.get("role") not in (None, self.config.role) and "critic" in (meta.get("role"), self.config.role):
-            raise ValueError(f"{directory} holds a {meta['role']} checkpoint; this engine is a {self.config.role}")
+        saved_role = checkpoint.read_meta(directory).get("role")
+        if (saved_role == "critic") != self.spec.value_head:
+            raise ValueError(f"{directory} holds a {saved_role} checkpoint; this engine is a {self.config.role}")
+        checkpoint.load_training_state(self.chunks, self.optimizer, self.scheduler, self.state, directory)
 
     def offload(self, *, params: bool | None = None, grads: bool | None = None,
                 optimizer: bool | None = None) -> int:

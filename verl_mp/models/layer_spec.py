@@ -141,7 +141,10 @@ def _own_layer_spec(spec: GPTSpec):
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
 
     qk_norm = RMSNorm if spec.qk_layernorm else IdentityOp
     attention = ModuleSpec(
@@ -179,7 +182,9 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
 
     backend = resolve_backend(backend)
     if backend == "te":
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_layer_with_transformer_engine_spec,
+        )
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_layernorm)
     if backend == "local":

@@ -46,10 +46,13 @@ def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> No
 
 
 def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shard_kb: int | None = 40,
-                          dtype: torch.dtype = torch.float32, **overrides) -> Path:
+                          dtype: torch.dtype = torch.float32, weight_scale: float = 0.15,
+                          **overrides) -> Path:
     """Save a tiny random ``kind`` model (see `TINY_MODELS`) with a tokenizer to ``out_dir``.
 
-    ``shard_kb`` splits the safetensors into shards of about that size (with an index).
+    ``shard_kb`` splits the safetensors into shards of about that size (with an index);
+    ``weight_scale`` is the std of the linear weights (larger: more peaked predictions);
+    ``overrides`` go to the HF config.
     """
     import transformers
 
@@ -60,7 +63,7 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
     config.architectures = [model_cls]
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config)
-    randomize_(model, seed)
+    randomize_(model, seed, weight_scale)
     model = model.to(dtype)
     out_dir = Path(out_dir)
     shard = f"{shard_kb}KB" if shard_kb else "5GB"

@@ -25,7 +25,7 @@ def max_gap(batch, a, b_lists):
 
     b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
                       response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
-    return float(((a - b).abs() * batch.response_mask).max())
+    return float(((a.cpu() - b).abs() * batch.response_mask).max())
 
 
 def mean_gap(batch, a, b_lists):
@@ -33,7 +33,7 @@ def mean_gap(batch, a, b_lists):
 
     b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
                       response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
-    return float(((a - b).abs() * batch.response_mask).sum() / batch.response_mask.sum())
+    return float(((a.cpu() - b).abs() * batch.response_mask).sum() / batch.response_mask.sum())
 
 
 def _used_gb() -> float:
