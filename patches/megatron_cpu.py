@@ -12,7 +12,7 @@ What this shim does, only when ``torch.cuda.is_available()`` is False:
 1. ``install()`` replaces the torch.cuda functions that would raise on a CPU build
    (``current_device``, streams, events, ``synchronize``, the CUDA RNG accessors) with
    CPU equivalents: streams and events are no-ops (CPU ops are synchronous), the "device
-   RNG" is the CPU default generator, and ``current_device()`` returns 0. Functions that
+   RNG" is the CPU default generator, and ``current_device()`` returns the CPU device. Functions that
    already work on a CPU build (``is_available``, ``device_count``) are left alone.
 2. ``megatron_scope()`` is a ``TorchFunctionMode`` the engine enters around its megatron
    calls: inside it, tensors requested on ``cuda`` are created on ``cpu``,
@@ -115,7 +115,10 @@ def _megatron_get_rng_state(device="cuda", clone=False, graph_safe=False):
 
 
 _CUDA_REPLACEMENTS = {
-    "current_device": lambda: 0,
+    # A device object, not the usual int: megatron allocates with
+    # device=torch.cuda.current_device() also inside autograd backward (sequence-parallel
+    # gathers), where megatron_scope's mode is not active; "cpu" is right in both places.
+    "current_device": lambda: torch.device("cpu"),
     "set_device": lambda device: None,
     "synchronize": lambda device=None: None,
     "empty_cache": lambda: None,

@@ -104,17 +104,14 @@ class Runner:
         runs = {"base": {}, "packed": dict(remove_padding=True),
                 "dynamic": dict(micro_batch_size=None, max_tokens_per_micro_batch=40),
                 "packed_dynamic": dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40),
-                # Forward only: megatron's sequence-parallel backward allocates on CUDA outside
-                # the CPU shim's scope (see docs/engine.md); the GPU test trains with SP.
                 "sp": dict(sp=True), "packed_sp": dict(sp=True, remove_padding=True)}
         for name, kw in runs.items():
             engine = self.engine("qwen3", role="actor", **kw)
             lp, ent = self.lp(engine, with_entropy=True, temperature=0.7)
             out[name] = dict(lp=lp.tolist(), ent=ent.tolist())
-            if not kw.get("sp"):
-                b = batch_for(self.vocab(engine), 1)
-                out[name]["metrics"] = engine.train_step(b, pg_loss(b), with_entropy=True)
-                out[name]["after"] = self.lp(engine).tolist()
+            b = batch_for(self.vocab(engine), 1)
+            out[name]["metrics"] = engine.train_step(b, pg_loss(b), with_entropy=True)
+            out[name]["after"] = self.lp(engine).tolist()
         critic = self.engine("llama", role="critic")
         b = batch_for(self.vocab(critic), 2)
         out["values"] = critic.compute_values(b["input_ids"], b["attention_mask"]).tolist()
