@@ -7,7 +7,9 @@ single tensor beyond its own shards while syncing.
 """
 
 import json
-from pathlib import Path
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -15,8 +17,9 @@ from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist
 
-PROG = str(Path(__file__).parent / "progs" / "rollout_sync.py")
-LAYOUTS = [(1, 1, 1), (2, 1, 2), (1, 2, 2), (2, 1, 1)]
+PROG = "verl_mp.rollout.verify"
+# (2, 1, 1) runs through the CLI in test_verify_cli_with_rollout
+LAYOUTS = [(1, 1, 1), (2, 1, 2), (1, 2, 2)]
 TOL = 1e-4
 
 
@@ -34,7 +37,7 @@ def test_sync_matches_megatron(model_dir, tmp_path, tp, pp, rtp):
     world = max(tp * pp, rtp)
     launch_local(PROG, world, ["--model", model_dir, "--tp", tp, "--pp", pp, "--rollout-tp", rtp,
                                "--bucket-mb", 1, "--out", out],
-                 module=False, timeout_s=400, capture_output=True, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+                 module=True, timeout_s=400, capture_output=True, env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     r = json.loads(out.read_text())
     assert r["before_gap"] <= TOL, r
     assert r["after_gap"] <= TOL, r
@@ -42,3 +45,14 @@ def test_sync_matches_megatron(model_dir, tmp_path, tp, pp, rtp):
     assert r["changed"] > 1e-2, r  # the update reached vLLM
     assert r["num_buckets"] >= 2, r  # 1 MiB buckets over a ~1.3 MB model
     assert r["peak_transient_bytes"] <= r["bucket_bytes"] + r["largest_local_full_bytes"], r
+
+
+def test_verify_cli_with_rollout(model_dir):
+    """`verl-mp verify --rollout vllm --rollout-tp K` runs the same check and exits 0."""
+    proc = subprocess.run([sys.executable, "-m", "verl_mp.cli", "verify", "--model", str(model_dir),
+                           "--tp", "2", "--rollout", "vllm", "--rollout-tp", "1"],
+                          capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["passed"] and line["max_abs_diff"] <= TOL and line["rollout_tp"] == 1

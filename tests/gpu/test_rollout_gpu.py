@@ -4,7 +4,6 @@ per-token log-probs within bf16 tolerance (1 GPU; TP=2 on 2 GPUs when present)."
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from verl_mp.utils.launch import launch_local
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-PROG = str(Path(__file__).parents[1] / "dist" / "progs" / "rollout_sync.py")
+PROG = "verl_mp.rollout.verify"
 # bf16: two different kernel stacks (megatron SDPA vs vLLM flash attention) round
 # differently; a layout bug moves log-probs by O(1), rounding by O(1e-2).
 BF16_MAX, BF16_MEAN = 0.25, 0.02
@@ -36,7 +35,7 @@ def test_colocated_sync_bf16(model_dir, tmp_path, tp, pp, rtp):
         pytest.skip(f"needs {world} GPUs")
     out = tmp_path / "r.json"
     launch_local(PROG, world, ["--model", model_dir, "--tp", tp, "--pp", pp, "--rollout-tp", rtp,
-                               "--dtype", "bf16", "--bucket-mb", 64, "--out", out], module=False,
+                               "--dtype", "bf16", "--bucket-mb", 64, "--out", out], module=True,
                  timeout_s=500, env={**ENV, **{k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "VLLM"))}})
     r = json.loads(out.read_text())
     print(json.dumps(r))

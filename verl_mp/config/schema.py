@@ -131,7 +131,14 @@ class TrainerConfig:
     launcher: str = "torchrun"
     """torchrun (SPMD, no Ray) or ray (single controller)."""
     nproc: int = 2
-    """Ranks on this machine (GPUs, or gloo processes on CPU)."""
+    """Ranks per node (GPUs, or gloo processes on CPU)."""
+    nnodes: int = 1
+    """Nodes. Multi-node runs start the ranks themselves (launch/slurm.sbatch: torchrun on
+    every node running verl_mp.trainer.spmd; or a Ray cluster for trainer.launcher=ray)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
     total_steps: int = 20
     max_steps_this_run: int | None = None
     """Stop this invocation after this many steps (e.g. a job's time limit); a later run

@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config-name", default="tiny_cpu",
                    help="preset in megatron_configs/ or a YAML path (default: tiny_cpu, the embedded demo)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="validate, prepare the demo if needed, write the resolved config, and stop "
+                        "(multi-node launchers then start verl_mp.trainer.spmd on every node)")
     p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. actor.optim.lr=1e-6")
 
 
@@ -38,6 +41,12 @@ def train(args) -> int:
     with open(config_path, "w") as f:
         f.write(to_yaml(cfg))
     logger.info("resolved config saved to %s\n%s", config_path, to_yaml(cfg))
+    if args.prepare_only:
+        print(config_path)
+        return 0
+    if cfg.trainer.nnodes > 1:
+        raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node runs with launch/slurm.sbatch "
+                         "(this command starts ranks on one machine)")
     if cfg.trainer.launcher == "torchrun":
         from verl_mp.utils.launch import launch_local
 

@@ -68,8 +68,8 @@ def preflight(cfg: RootConfig) -> None:
     KL_ESTIMATORS[cfg.actor.kl_loss_type]
     KL_ESTIMATORS[cfg.algorithm.kl_penalty]
     spec = _model_spec(cfg.model.path)
-    dp = validate_layout(cfg.actor.megatron, t.nproc, spec.shape, prefix="actor.megatron.")
-    validate_rollout_layout(cfg.rollout, t.nproc, spec.num_query_groups)
+    dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
+    validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
     _check_batch_sizes(cfg, dp)
     _check_lengths(cfg, spec)
 

@@ -45,9 +45,12 @@ class RayWorkerGroup:
 
         from verl_mp.utils.net import free_port
 
-        n = cfg.trainer.nproc
+        n = cfg.trainer.world_size
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
         resources = {"num_gpus": 1, "num_cpus": 1} if use_gpu else {"num_cpus": 1}
+        # Rank 0's actor hosts the rendezvous; on one node a free local port is enough.
+        # (Multi-node Ray would need rank 0's address; this group places all ranks on the
+        # driver's node today.)
         port = free_port()
         actor = _actor_class()
         self.actors = [actor.options(**resources).remote(cfg, r, n, port, use_gpu) for r in range(n)]

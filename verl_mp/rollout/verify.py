@@ -1,7 +1,10 @@
-"""Megatron actor -> vLLM rollout weight sync at one (train TP, train PP, rollout TP).
+"""Check the Megatron actor -> vLLM rollout path at one (train TP, train PP, rollout TP).
 
-Writes JSON with: vLLM-vs-Megatron log-prob gaps before and after one optimizer step +
-sync, how much the step changed the log-probs, and the sync's memory high-water mark.
+Run on ``max(tp * pp, rollout_tp)`` ranks (``verl-mp verify --rollout vllm --rollout-tp K``
+does that): loads the HF checkpoint into the engine and vLLM, samples, takes one optimizer
+step on the sampled tokens, syncs the weights (with sleep/wake on GPU), samples again and
+writes JSON with the vLLM-vs-Megatron log-prob gaps before and after, how far the step
+moved vLLM's log-probs of the first samples, and the sync's memory high-water mark.
 """
 
 import argparse
@@ -47,7 +50,7 @@ def main():
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
-    p.add_argument("--bucket-mb", type=int, default=1)
+    p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--out", required=True)
     a = p.parse_args()

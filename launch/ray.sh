@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Ray single controller on this machine (starts a local Ray, or joins RAY_ADDRESS if set).
+#   NPROC=8 bash launch/ray.sh --config-name ppo model.path=... data.train_files=[...]
+set -euo pipefail
+PYTHON=${PYTHON:-python}
+NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+exec "$PYTHON" -m verl_mp.trainer.main trainer.launcher=ray trainer.nproc="${NPROC:-1}" "$@"
