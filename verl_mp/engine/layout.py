@@ -48,22 +48,24 @@ class ParamInfo:
     """``contiguous`` (concatenate shards along tp_dim) or ``gate_up`` (fused fc1)."""
     param: torch.nn.Parameter
 
-    def merge_tp_shards(self, shards: list[torch.Tensor]) -> torch.Tensor:
-        """TP shards (in TP-rank order) -> the full TP=1 tensor (vocabulary still padded)."""
-        return merge_tp_shards(shards, self.tp_dim, self.tp_layout)
+    def merge_tp_shards(self, shards: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+        """TP shards (in TP-rank order) -> the full TP=1 tensor (vocabulary still padded),
+        written into ``out`` when given (e.g. a slice of a flat sync bucket)."""
+        return merge_tp_shards(shards, self.tp_dim, self.tp_layout, out=out)
 
     def shard(self, full: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
         """Inverse of `merge_tp_shards`: this TP rank's slice of a full tensor."""
         return split_tp_shard(full, self.tp_dim, self.tp_layout, tp_rank, tp_size)
 
 
-def merge_tp_shards(shards: list[torch.Tensor], tp_dim: int | None, tp_layout: str) -> torch.Tensor:
+def merge_tp_shards(shards: list[torch.Tensor], tp_dim: int | None, tp_layout: str,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     if tp_dim is None or len(shards) == 1:
-        return shards[0]
+        return shards[0] if out is None else out.copy_(shards[0])
     if tp_layout == "gate_up":
         halves = [s.chunk(2, dim=tp_dim) for s in shards]
-        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=tp_dim)
-    return torch.cat(shards, dim=tp_dim)
+        shards = [h[0] for h in halves] + [h[1] for h in halves]
+    return torch.cat(shards, dim=tp_dim, out=out) if out is not None else torch.cat(shards, dim=tp_dim)
 
 
 def split_tp_shard(full: torch.Tensor, tp_dim: int | None, tp_layout: str, tp_rank: int,

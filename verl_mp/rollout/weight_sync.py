@@ -149,10 +149,7 @@ class WeightSync:
         shards = [torch.empty_like(param) for _ in range(self.state.tp_size)]
         stats.hold(nbytes)
         dist.all_gather(shards, param.contiguous(), group=self.state.tp_group)
-        if info.tp_layout == "gate_up":
-            halves = [s.chunk(2, dim=info.tp_dim) for s in shards]
-            shards = [h[0] for h in halves] + [h[1] for h in halves]
-        torch.cat(shards, dim=info.tp_dim, out=out)
+        info.merge_tp_shards(shards, out=out)
         stats.release(nbytes)
 
     def _convert(self, entries: list[_Entry], bucket: list[int], flat: torch.Tensor):
