@@ -15,7 +15,7 @@ REQUIRED = [
     "actor/pg_loss", "actor/clipfrac", "actor/approx_kl", "actor/grad_norm", "actor/lr",
     "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "rollout/sync_bytes",
     "timing/generate_s", "timing/weight_sync_s", "timing/update_actor_s", "timing/step_s",
-    "perf/tokens_per_s", "timing/generate_tokens_per_s",
+    "perf/tokens_per_s", "timing/generate_tokens_per_s", "perf/tflops_per_s", "perf/mfu",
 ]
 
 
@@ -28,7 +28,7 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
     out = tmp_path / launcher
     run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
              "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-             "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001"])
+             "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1"])
     steps = _steps(out)
     assert set(steps) >= {0, 1, 2}
     for key in REQUIRED + ["actor/kl_loss", "actor/entropy", "val/accuracy"]:
@@ -47,7 +47,7 @@ def test_ppo_with_critic(tiny_run_inputs, tmp_path):
     out = tmp_path / "ppo"
     run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun"),
              "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-             "trainer.save_final=false"])
+             "trainer.save_final=false", "trainer.peak_tflops=0.1"])
     steps = _steps(out)
     for key in REQUIRED + ["critic/vf_loss", "critic/vf_clipfrac", "critic/explained_variance",
                            "actor/reward_kl_penalty", "timing/update_critic_s", "timing/values_s"]:

@@ -157,6 +157,9 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "verl_mp"
     experiment_name: str = "run"
+    peak_tflops: float | None = None
+    """Peak dense TFLOP/s of one device in the model dtype (e.g. 989 for H100/H200 bf16);
+    set it to get perf/mfu. perf/tflops_per_s is always logged."""
     export_hf_at_end: bool = True
     """Write the final actor as an HF checkpoint under default_local_dir/hf."""
 

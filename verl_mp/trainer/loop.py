@@ -41,6 +41,7 @@ class RLTrainer:
         self.kl_ctrl = steps.make_kl_controller(cfg.algorithm)
         self.use_critic = steps.needs_critic(cfg)
         self.use_ref = steps.needs_reference(cfg)
+        self.model_info = workers.model_info()
 
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -98,7 +99,15 @@ class RLTrainer:
         metrics.update(timer.metrics())
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
         metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(metrics["timing/generate_s"], 1e-9)
+        metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
+
+    def _flops(self, batch: RLBatch, seconds: float) -> dict[str, float]:
+        cfg = self.cfg
+        forward = 1 + int(self.use_ref) + int(self.use_critic)
+        train = cfg.actor.ppo_epochs + (cfg.critic.ppo_epochs if self.use_critic else 0)
+        return steps.flops_metrics(batch, seconds, self.model_info["flop_params"], self.model_info["world_size"],
+                                   forward, train, cfg.trainer.peak_tflops)
 
     # -- phases ------------------------------------------------------------------------------
     def _sampling(self, step: int):

@@ -139,3 +139,17 @@ def tokens_in(batch: RLBatch) -> int:
 
 def flat_int_tensor(x) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.int64)
+
+
+def flops_metrics(batch: RLBatch, seconds: float, flop_params: int, world: int, forward_passes: int,
+                  train_passes: int, peak_tflops: float | None) -> dict[str, float]:
+    """Estimated model FLOPs of the step: 2·P·tokens per forward pass (old/ref log-probs,
+    values) and 6·P·tokens per training pass, P = parameters without the input embedding
+    (attention's quadratic term is left out: an underestimate for long sequences)."""
+    tokens = tokens_in(batch)
+    flops = flop_params * tokens * (2 * forward_passes + 6 * train_passes)
+    tflops = flops / max(seconds, 1e-9) / 1e12
+    m = {"perf/tflops_per_s": tflops, "perf/tflops_per_s_per_device": tflops / world}
+    if peak_tflops:
+        m["perf/mfu"] = tflops / world / peak_tflops
+    return m

@@ -138,6 +138,17 @@ class HybridWorker:
     def export_hf(self, directory: str) -> None:
         self.actor.export_hf(directory)
 
+    def model_info(self) -> dict[str, int]:
+        """Parameter count without the input embedding (for FLOP estimates) and world size."""
+        import torch.distributed as dist
+
+        spec = self.spec
+        per_layer = (spec.hidden_size * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
+                     + spec.num_attention_heads * spec.head_dim * spec.hidden_size
+                     + 3 * spec.hidden_size * spec.ffn_hidden_size)
+        return {"flop_params": spec.num_layers * per_layer + spec.vocab_size * spec.hidden_size,
+                "world_size": dist.get_world_size()}
+
     # -- helpers ----------------------------------------------------------------------------
     def _temperature(self) -> float:
         t = self.cfg.rollout.sampling.temperature
