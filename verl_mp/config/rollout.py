@@ -42,7 +42,8 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     """vLLM TP size; may differ from the actor's. Must divide the world size and the KV heads."""
     dtype: str = "fp32"
-    """fp32, bf16 or fp16."""
+    """fp32, bf16 or fp16. The trainer always uses model.dtype (the rollout must compute
+    what the trainer computes); this is for stand-alone use (verify, benchmarks)."""
     max_model_len: int = 1024
     """Prompt + response tokens the engine reserves per sequence."""
     gpu_memory_utilization: float = 0.5

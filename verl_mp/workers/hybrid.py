@@ -166,7 +166,7 @@ class HybridWorker:
 
 
 def _build_rollout(cfg: RootConfig, num_kv_heads: int):
-    rollout_cfg = replace(cfg.rollout, dtype=cfg.model.dtype) if cfg.rollout.dtype != cfg.model.dtype else cfg.rollout
+    rollout_cfg = replace(cfg.rollout, dtype=cfg.model.dtype)
     if cfg.rollout.backend == "vllm":
         from verl_mp.rollout.vllm_rollout import VLLMRollout
 
