@@ -1,9 +1,17 @@
-"""The embedded demo: a tiny Qwen2 model learns synthetic arithmetic with GRPO on a CPU.
+"""The embedded demo: a tiny Qwen2 model learns, with GRPO on a CPU, what its warm start got wrong.
 
-Nothing is downloaded: the project writes the data (`verl_mp.data.synthetic`), builds the
-tokenizer and a random tiny Qwen2 model, then warm-starts it with a short supervised
-stage so that RL has reward signal from the first step. The warm-started checkpoint is
-cached (keyed by its settings), so re-runs go straight to RL.
+Nothing is downloaded: the project writes the data (`verl_mp.data.synthetic`, problems
+like ``What is 374+8?``), builds the tokenizer and a random tiny Qwen2 model, then
+warm-starts it with a short supervised stage that imitates a sloppy teacher: the sums
+are right, but most answers end with a period (``#### 382.``), which the exact-match
+reward (``arith_exact``) scores 0. Greedy held-out accuracy therefore starts near 0 and
+RL, rewarded only for exact answers, has to find out that the period costs the reward;
+held-out accuracy then climbs to the model's arithmetic skill. Arithmetic itself is
+learned in the warm start: GRPO on this CPU budget improves it only slowly (docs/demo.md).
+
+The warm-started checkpoint is cached, keyed by its settings, so re-runs go straight to
+RL; the cache also records how the tokenizer encoded a probe, and is rebuilt if that
+changes (the trainer loads the tokenizer the same way, so the two must agree).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import json
 import logging
 import os
 import random
+import shutil
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -22,17 +32,29 @@ from verl_mp.config.schema import RootConfig
 
 logger = logging.getLogger(__name__)
 
+PROBE_PROMPT = "What is 374+8?"
+PROBE_RESPONSE = "#### 382."
+
 
 @dataclass(frozen=True)
 class DemoSettings:
-    num_train: int = 4000
-    num_test: int = 128
-    max_digits: int = 2
+    """What the warm start is built from; every field is part of the cache key."""
+
+    num_train: int = 8000
+    num_test: int = 256
+    """Held-out problems, never in the train split; the preset validates on all of them."""
+    max_digits: int = 3
+    second_digits: int = 1
+    """Problems like ``What is 374+8?``: a 2-layer model learns them in ~1000 steps."""
     hidden_size: int = 128
     num_layers: int = 2
-    sft_steps: int = 300
+    sft_steps: int = 1000
     sft_batch: int = 64
-    sft_lr: float = 3e-3
+    sft_lr: float = 1e-3
+    """Peak LR (20 warm-up steps, then linear decay); 3e-3 stalls on this task."""
+    sloppy_fraction: float = 0.7
+    """Fraction of warm-start answers written ``#### 382.``: greedy decoding copies the
+    majority habit, so the model starts RL right about the sum but scored 0."""
     seed: int = 0
 
 
@@ -41,86 +63,130 @@ def prepare_demo(cfg: RootConfig, settings: DemoSettings = DemoSettings()) -> Ro
     key = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
     root = Path(os.environ.get("VERL_MP_CACHE", ".cache/verl_mp")) / f"demo-{key}"
     model_dir, data_dir = root / "sft_model", root / "data"
-    if not (model_dir / "config.json").exists():
-        _build(root, model_dir, data_dir, settings)
-    else:
+    if _cached(root / "warm_start.json", model_dir):
         logger.info("demo: reusing cached warm-started model %s", model_dir)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        _build(root, model_dir, data_dir, settings)
     data = replace(cfg.data, train_files=[str(data_dir / "train.parquet")],
                    val_files=[str(data_dir / "test.parquet")])
     return replace(cfg, model=replace(cfg.model, path=str(model_dir)), data=data)
+
+
+def _probe_ids(tok) -> list[int]:
+    text = tok.apply_chat_template([{"role": "user", "content": PROBE_PROMPT}],
+                                   add_generation_prompt=True, tokenize=False)
+    return tok(text + PROBE_RESPONSE, add_special_tokens=False)["input_ids"]
+
+
+def _cached(record: Path, model_dir: Path) -> bool:
+    """True if a finished warm start is there and the tokenizer still encodes as it did."""
+    if not record.exists():
+        return False
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if json.loads(record.read_text())["probe_ids"] != _probe_ids(tok):
+        logger.warning("demo: the tokenizer now encodes differently from when %s was built; "
+                       "rebuilding the warm start", model_dir)
+        return False
+    return True
 
 
 def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None:
     from verl_mp.data.synthetic import write_synthetic_dataset
     from verl_mp.utils.tiny_hf import save_tiny_qwen2
 
-    logger.info("demo: building data and a tiny model under %s (one-time)", root)
+    logger.info("demo: building data and a tiny model under %s (one-time, ~2 min)", root)
+    start = time.monotonic()
     write_synthetic_dataset(data_dir, num_train=s.num_train, num_test=s.num_test, seed=s.seed,
-                            max_digits=s.max_digits)
+                            max_digits=s.max_digits, second_digits=s.second_digits)
     tmp = root / "init_model"
     save_tiny_qwen2(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers,
                     intermediate_size=4 * s.hidden_size, seed=s.seed)
-    accuracy = _sft(tmp, data_dir / "train.parquet", data_dir / "test.parquet", model_dir, s)
-    logger.info("demo: warm start done, greedy held-out accuracy %.3f", accuracy)
+    model, tok = _sft(tmp, data_dir / "train.parquet", model_dir, s)
+    scores = greedy_scores(model, tok, _examples(tok, data_dir / "test.parquet"))
+    record = {"settings": asdict(s), "probe_ids": _probe_ids(tok), "held_out": scores,
+              "seconds": round(time.monotonic() - start, 1)}
+    (root / "warm_start.json").write_text(json.dumps(record, indent=1))
+    logger.info("demo: warm start done in %.0f s; greedy held-out accuracy %.3f exact "
+                "(what RL is rewarded for), %.3f ignoring the trailing period",
+                record["seconds"], scores["exact"], scores["ignoring_period"])
 
 
-def _examples(tokenizer, parquet: Path) -> list[tuple[list[int], list[int], str]]:
+def _examples(tok, parquet: Path) -> list[tuple[list[int], list[int], list[int], str]]:
+    """(prompt ids, exact response ids, sloppy response ids, answer) per row."""
     import pyarrow.parquet as pq
 
-    rows = pq.read_table(parquet).to_pylist()
     out = []
-    for row in rows:
-        prompt = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    for row in pq.read_table(parquet).to_pylist():
+        prompt = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
         answer = row["reward_model"]["ground_truth"]
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        r_ids = tokenizer(f"#### {answer}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        out.append((p_ids, r_ids, answer))
+        exact, sloppy = (tok(f"#### {answer}{end}", add_special_tokens=False)["input_ids"]
+                         + [tok.eos_token_id] for end in ("", "."))
+        out.append((tok(prompt, add_special_tokens=False)["input_ids"], exact, sloppy, answer))
     return out
 
 
-def _sft(init_dir: Path, train: Path, test: Path, out_dir: Path, s: DemoSettings) -> float:
-    """Teacher-forced cross entropy on the response tokens only; returns held-out accuracy."""
+def _sft(init_dir: Path, train: Path, out_dir: Path, s: DemoSettings):
+    """Teacher-forced cross entropy on the response tokens only; saves and returns the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(init_dir)
+    tok = AutoTokenizer.from_pretrained(init_dir)  # exactly as the trainer will load it
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
     examples = _examples(tok, train)
     rng = random.Random(s.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / s.sft_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / s.sft_steps))
     model.train()
     for step in range(s.sft_steps):
-        ids, labels = _pad([rng.choice(examples) for _ in range(s.sft_batch)], tok.pad_token_id)
+        picks = (rng.choice(examples) for _ in range(s.sft_batch))
+        batch = [(p, sloppy if rng.random() < s.sloppy_fraction else exact)
+                 for p, exact, sloppy, _ in picks]
+        ids, labels = _pad(batch, tok.pad_token_id)
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 50 == 0:
-            logger.info("demo sft step %d loss %.4f", step, loss.item())
+        if step % 100 == 0:
+            logger.info("demo sft step %d/%d loss %.4f", step, s.sft_steps, loss.item())
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
-    return greedy_accuracy(model, tok, _examples(tok, test))
+    return model, tok
 
 
-def _pad(batch, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) + len(r) for p, r, _ in batch)
+def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """(prompt ids, response ids) pairs -> right-padded input ids and response-only labels."""
+    width = max(len(p) + len(r) for p, r in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for i, (p, r, _) in enumerate(batch):
+    for i, (p, r) in enumerate(batch):
         ids[i, : len(p) + len(r)] = torch.tensor(p + r)
         labels[i, len(p): len(p) + len(r)] = torch.tensor(r)
     return ids, labels
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tok, examples, max_new_tokens: int = 8) -> float:
+def greedy_scores(model, tok, examples, max_new_tokens: int = 12) -> dict[str, float]:
+    """Greedy held-out accuracy under ``arith_exact`` ("exact", what RL is rewarded for) and
+    with a trailing period forgiven ("ignoring_period": the arithmetic skill)."""
+    from verl_mp.reward.rules import arith_exact_reward
+
     model.eval()
-    correct = 0
-    for p_ids, _, answer in examples:
-        out = model.generate(torch.tensor([p_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        text = tok.decode(out[0, len(p_ids):], skip_special_tokens=True)
-        correct += text.rpartition("####")[2].strip() == answer
-    return correct / max(len(examples), 1)
+    by_length: dict[int, list] = {}
+    for example in examples:  # equal-length prompts batch without padding
+        by_length.setdefault(len(example[0]), []).append(example)
+    exact = lenient = 0.0
+    for length, group in by_length.items():
+        out = model.generate(torch.tensor([e[0] for e in group]), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id)
+        for example, row in zip(group, out):
+            text = tok.decode(row[length:], skip_special_tokens=True)
+            exact += arith_exact_reward("", text, example[-1])["score"]
+            lenient += arith_exact_reward("", text.strip().removesuffix("."), example[-1])["score"]
+    n = max(len(examples), 1)
+    return {"exact": exact / n, "ignoring_period": lenient / n}
