@@ -25,9 +25,9 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl_mp.utils.tiny_hf import save_tiny_qwen2
+    from verl_mp.models.tiny import save_tiny_qwen2
 
-    # vocab 117: padded to 118 at TP=2, so vocab padding is exercised
+    # vocab 311: padded to 312 at TP=2, so vocab padding is exercised
     return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "m")
 
 

@@ -22,7 +22,7 @@ LAYOUTS = [(1, 1, 1), (2, 1, 2)]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl_mp.utils.tiny_hf import save_tiny_qwen2
+    from verl_mp.models.tiny import save_tiny_qwen2
 
     return save_tiny_qwen2(tmp_path_factory.mktemp("gpu") / "m", hidden_size=256, num_heads=4,
                            num_kv_heads=2, intermediate_size=512, dtype=torch.bfloat16)

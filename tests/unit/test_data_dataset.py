@@ -94,6 +94,49 @@ def test_non_string_ground_truth_names_file_row_column(tmp_path, tokenizer):
         PromptDataset(path, tokenizer, 64)
 
 
+@pytest.mark.parametrize("prompt,problem", [
+    (None, r"empty prompt \(None\)"),
+    ([{"role": "user", "content": " \n"}], "every message content is empty"),
+    ([{"role": "user", "content": None}], "message 0 is"),
+])
+def test_unusable_prompts_name_file_row_column(tmp_path, tokenizer, prompt, problem):
+    columns = good_columns()
+    columns["prompt"][2] = prompt
+    path = write_raw(tmp_path / "bad.parquet", columns)
+    with pytest.raises(ValueError, match=rf"bad\.parquet: row 2, column 'prompt': {problem}"):
+        PromptDataset(path, tokenizer, 64)
+
+
+def test_prompt_as_plain_string_is_refused(tmp_path, tokenizer):
+    columns = good_columns()
+    columns["prompt"] = ["What is 1+1?", "What is 2+2?", "What is 3+3?"]
+    path = write_raw(tmp_path / "str.parquet", columns)
+    with pytest.raises(ValueError, match=r"str\.parquet: row 0, column 'prompt': expected a list of chat "
+                                         r"messages, got str"):
+        PromptDataset(path, tokenizer, 64)
+
+
+@pytest.mark.parametrize("truths,bad_row", [(["1", None], 1), ([1.0, 2.0], 0), ([[1], [2]], 0)],
+                         ids=["null", "float", "list"])
+def test_other_non_string_ground_truths(tmp_path, tokenizer, truths, bad_row):
+    # a parquet column has one type: floats or lists make every row bad, the first is named
+    columns = {k: v[:2] for k, v in good_columns().items()}
+    columns["reward_model"] = [{"style": "rule", "ground_truth": t} for t in truths]
+    path = write_raw(tmp_path / "gt.parquet", columns)
+    expected = rf"gt\.parquet: row {bad_row}, column 'reward_model\.ground_truth': expected a string"
+    with pytest.raises(ValueError, match=expected):
+        PromptDataset(path, tokenizer, 64)
+
+
+def test_bad_row_in_second_file_names_that_file_and_its_row(tmp_path, tokenizer):
+    first = write_rows([row(), row()], tmp_path / "first.parquet")
+    columns = good_columns()
+    columns["prompt"][1] = []
+    second = write_raw(tmp_path / "second.parquet", columns)
+    with pytest.raises(ValueError, match=r"second\.parquet: row 1, column 'prompt'"):
+        PromptDataset([str(first), second], tokenizer, 64)
+
+
 def test_skip_bad_rows_logs_and_counts(tmp_path, tokenizer, caplog):
     columns = good_columns(4)
     columns["prompt"][0] = [{"role": "user", "content": "  "}]

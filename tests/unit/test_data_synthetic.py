@@ -1,12 +1,11 @@
-"""Synthetic arithmetic data and the tiny tokenizer built for it."""
+"""Synthetic arithmetic data (the tiny tokenizer: test_data_tiny_tokenizer.py)."""
 
 import pyarrow.parquet as pq
 import pytest
-from transformers import AutoTokenizer
 
 from verl_mp.data.dataset import PromptDataset
 from verl_mp.data.synthetic import make_rows, write_synthetic_dataset
-from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer, save_tiny_tokenizer
+from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
 from verl_mp.reward.rules import arith_exact_reward
 
 pytestmark = pytest.mark.unit
@@ -36,24 +35,6 @@ def test_rows_are_correct_arithmetic():
 def test_too_many_rows_is_an_error():
     with pytest.raises(ValueError, match="too many"):
         make_rows(101, seed=0, split="train", max_digits=1)
-
-
-def test_tokenizer_round_trip_and_chat_template(tmp_path):
-    save_tiny_tokenizer(tmp_path / "tok")
-    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    assert len(tok) < 128
-    assert tok.pad_token == "<|pad|>" and tok.eos_token == "<|im_end|>"
-    ids = tok.encode("What is 1234-987?\n#### 247", add_special_tokens=False)
-    assert tok.decode(ids) == "What is 1234-987?\n#### 247"
-    tokens = tok.convert_ids_to_tokens(ids)
-    assert tokens[4:8] == ["1", "2", "3", "4"] and "####" in tokens
-    for digit in "0123456789":
-        assert len(tok.encode(digit * 5, add_special_tokens=False)) == 5
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}],
-                                   add_generation_prompt=True, tokenize=False)
-    assert text == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and tok.decode(ids) == text
 
 
 def test_synthetic_files_load_into_dataset(tmp_path):

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.utils.tiny_hf import save_tiny_qwen2
+    from verl_mp.models.tiny import save_tiny_qwen2
 
     root = tmp_path_factory.mktemp("cfg")
     model = save_tiny_qwen2(root / "model")

@@ -22,7 +22,10 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 class ModelConfig:
     path: str = ""
     """HF checkpoint directory (config.json, safetensors, tokenizer). Empty means the
-    embedded tiny demo model, built (and cached) under ``trainer.default_local_dir``."""
+    embedded demo (docs/demo.md): its data and warm-started tiny Qwen2 model are built once
+    and cached under ``$VERL_MP_CACHE`` (default ``.cache/verl_mp``, relative to the working
+    directory) in ``demo-<key>/``; with the tiny_cpu preset the run then writes
+    ``outputs/demo/demo-<key>/``."""
     dtype: str = "fp32"
     """Training dtype: fp32, bf16 or fp16 (optimizer state is always fp32)."""
 
@@ -151,7 +154,9 @@ class TrainerConfig:
     val_before_train: bool = True
     default_local_dir: str = "outputs/run"
     resume_mode: str = "auto"
-    """auto (latest complete checkpoint), disable, or a path to a global_step_N directory."""
+    """auto (latest complete checkpoint; an error if a different run wrote it, e.g. another
+    model or algorithm: see verl_mp/trainer/resume_check.py), disable, or a path to a
+    global_step_N directory (resumed even if its run differs, with a warning)."""
     max_ckpt_to_keep: int | None = 2
     seed: int = 1
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])

@@ -5,5 +5,6 @@
 - ``batch``: ``PromptBatch``, the typed batch handed to the rollout.
 - ``sampler``: ``ResumableBatchSampler`` (seeded, epoch-aware, ``state_dict``).
 - ``synthetic``: the seeded ``synthetic_arith`` task written as train/test parquet.
-- ``tiny_tokenizer``: a < 128-token chat tokenizer for that task and for tests.
+- ``tiny_tokenizer``: a 311-token byte-level BPE chat tokenizer in Qwen2's format, for that
+  task and for tests (it loads back exactly with ``AutoTokenizer`` and in vLLM).
 """

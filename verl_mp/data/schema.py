@@ -74,8 +74,11 @@ def check_row(row: dict[str, Any], file: str, row_index: int, prompt_key: str = 
 def _check_messages(messages: Any, file: str, row_index: int, column: str) -> None:
     """A prompt must be a non-empty list of {role: str, content: str} with some content."""
     fix = "store the prompt as [{'role': 'user', 'content': '<question>'}]"
-    if not isinstance(messages, list) or not messages:
+    if messages is None or (isinstance(messages, list) and not messages):
         raise BadRowError(file, row_index, column, f"empty prompt ({messages!r})", fix)
+    if not isinstance(messages, list):
+        raise BadRowError(file, row_index, column, f"expected a list of chat messages, got "
+                          f"{type(messages).__name__} {messages!r}", fix)
     for i, message in enumerate(messages):
         ok = isinstance(message, dict) and isinstance(message.get("role"), str)
         if not ok or not isinstance(message.get("content"), str):

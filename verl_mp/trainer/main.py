@@ -32,9 +32,11 @@ def train(args) -> int:
         from verl_mp.trainer.demo import prepare_demo
 
         cfg = prepare_demo(cfg)
+    from verl_mp.trainer.resume_check import preflight_resume
     from verl_mp.trainer.setup import preflight
 
     preflight(cfg)
+    preflight_resume(cfg)
     out_dir = cfg.trainer.default_local_dir
     os.makedirs(out_dir, exist_ok=True)
     config_path = os.path.join(out_dir, "config.yaml")
