@@ -21,7 +21,12 @@ from verl_mp.kernels.dispatch import interpreter_ready, triton_available  # noqa
 
 pytestmark = pytest.mark.unit
 HERE = Path(__file__).resolve().parent
-KERNEL_TESTS = ["test_kernels_gae.py", "test_kernels_group_adv.py", "test_kernels_logprob.py"]
+KERNEL_TESTS = [
+    "test_kernels_gae.py",
+    "test_kernels_group_adv.py",
+    "test_kernels_logprob.py",
+    "test_models_engine_logprobs.py",
+]
 
 
 @pytest.mark.skipif(

@@ -2,6 +2,7 @@
 
 import os
 import threading
+from functools import partial
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from verl_mp.kernels import combine_partial_stats, vocab_parallel_log_probs  # n
 from verl_mp.kernels.dispatch import interpreter_ready, triton_available  # noqa: E402
 from verl_mp.kernels.logprob_loss import (  # noqa: E402
     _backward_torch,
+    _backward_triton,
     _partial_stats_torch,
     _partial_stats_triton,
 )
@@ -38,12 +40,27 @@ def make_inputs(num_tokens, vocab, dtype, seed=0):
     return logits, labels
 
 
-def naive(logits, labels):
-    """Independent reference: full fp64 log_softmax."""
-    log_p = torch.log_softmax(logits.double(), -1)
-    logp = log_p.gather(-1, labels.clamp(min=0)[:, None]).squeeze(-1)
-    logp = torch.where(labels >= 0, logp, -torch.logsumexp(logits.double(), -1))
+def naive(logits, labels, vocab_size=None, temperature=1.0):
+    """Independent reference: fp64 log_softmax over the first `vocab_size` columns / T.
+
+    Labels outside [0, vocab_size) give -lse, as documented for the op.
+    """
+    z = logits[:, :vocab_size].double() / temperature
+    log_p = torch.log_softmax(z, -1)
+    ok = (labels >= 0) & (labels < z.shape[-1])
+    logp = log_p.gather(-1, torch.where(ok, labels, 0)[:, None]).squeeze(-1)
+    logp = torch.where(ok, logp, -torch.logsumexp(z, -1))
     return logp, -(log_p.exp() * log_p).sum(-1)
+
+
+def padded_inputs(num_tokens, vocab_size, padded_vocab, dtype, seed=0):
+    """Logits `[N, padded_vocab]` whose padded columns would dominate if not masked."""
+    logits, labels = make_inputs(num_tokens, padded_vocab, dtype, seed)
+    logits[:, vocab_size:] = 1e4
+    labels = labels % vocab_size
+    labels[-1] = -100  # ignore index
+    labels[-2] = vocab_size + 1  # a padded id: log_prob = -lse, no one-hot gradient
+    return logits, labels
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -126,6 +143,84 @@ def test_tp_shards_combine_to_full_vocab(impl):
     torch.testing.assert_close(grad.double(), y.grad, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "vocab_size,padded,temperature",
+    [(297, 300, 0.7), (4999, 5008, 1.6), (4999, 5008, 1.0), (300, 300, 0.5)],
+)
+def test_padded_vocab_and_temperature(impl, dtype, vocab_size, padded, temperature):
+    """Masked padded ids and T != 1 against fp64 log_softmax(logits[:, :vocab_size] / T)."""
+    logits, labels = padded_inputs(6, vocab_size, padded, dtype, seed=7)
+    coef_logp = torch.tensor([0.5, -1.0, 0.0, 2.0, 1.0, 1.0], device=DEVICE)
+    coef_ent = torch.tensor([0.1, 0.0, 0.0, -0.3, 0.2, 0.4], device=DEVICE)  # row 2: skipped
+    x = logits.clone().requires_grad_()
+    logp, ent = vocab_parallel_log_probs(
+        x,
+        labels,
+        compute_entropy=True,
+        vocab_size=vocab_size,
+        temperature=temperature,
+        impl=impl,
+    )
+    ((logp * coef_logp).sum() + (ent * coef_ent).sum()).backward()
+    y = logits.double().requires_grad_()
+    ref_logp, ref_ent = naive(y, labels, vocab_size, temperature)
+    ((ref_logp * coef_logp).sum() + (ref_ent * coef_ent).sum()).backward()
+    scale = max(1.0, 1.0 / temperature)  # |logits / T| grows as T shrinks
+    tol = TOL[dtype] * (10 if dtype == torch.float32 else 1) * scale
+    torch.testing.assert_close(logp.double(), ref_logp, atol=tol, rtol=0)
+    torch.testing.assert_close(ent.double(), ref_ent, atol=tol, rtol=0)
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.double(), y.grad, atol=TOL[dtype] * scale, rtol=0)
+    assert (x.grad[:, vocab_size:] == 0).all()  # exactly zero, also where labels[-2] points
+    assert (x.grad[2] == 0).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("num_shards,vocab_size", [(2, 390), (4, 290)])  # 4: one all-pad shard
+def test_padded_tp_shards_combine_to_unsharded(impl, num_shards, vocab_size):
+    """Per-shard stats with padding and T combined == the unsharded op == fp64; same grads."""
+    temperature, padded = 0.8, 400
+    logits, labels = padded_inputs(5, vocab_size, padded, torch.float32, seed=8)
+    width = padded // num_shards
+    starts = [r * width for r in range(num_shards)]
+    shards = [logits[:, v0 : v0 + width].contiguous() for v0 in starts]
+    valid = [min(width, max(0, vocab_size - v0)) for v0 in starts]
+    opts = [dict(vocab_valid=n, temperature=temperature) for n in valid]
+    shard_args = list(zip(shards, starts, opts, strict=True))
+    if impl == "triton":
+        stats = [_partial_stats_triton(s, labels, v0, True, **o) for s, v0, o in shard_args]
+    else:
+        stats = [_partial_stats_torch(s, labels, v0, True, 2, **o) for s, v0, o in shard_args]
+    lse, target, ent = combine_partial_stats(
+        *(torch.stack(parts) for parts in zip(*stats, strict=True))
+    )
+    full_logp, full_ent = vocab_parallel_log_probs(
+        logits,
+        labels,
+        compute_entropy=True,
+        vocab_size=vocab_size,
+        temperature=temperature,
+        impl=impl,
+    )
+    torch.testing.assert_close(target - lse, full_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, full_ent, atol=1e-5, rtol=0)
+    ref_logp, ref_ent = naive(logits, labels, vocab_size, temperature)
+    torch.testing.assert_close((target - lse).double(), ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=0)
+    a, b = torch.randn(5, device=DEVICE), torch.randn(5, device=DEVICE)
+    backward = _backward_triton if impl == "triton" else partial(_backward_torch, chunk_tokens=2)
+    grad = torch.cat(
+        [backward(s, labels, v0, lse, ent, a, b, **o) for s, v0, o in shard_args], -1
+    )
+    y = logits.double().requires_grad_()
+    ref = naive(y, labels, vocab_size, temperature)
+    ((ref[0] * a).sum() + (ref[1] * b).sum()).backward()
+    torch.testing.assert_close(grad.double(), y.grad, atol=1e-5, rtol=0)
+    assert (grad[:, vocab_size:] == 0).all()
+
+
 class FakeTPGroup:
     """Stands in for a process group of `size` ranks played by threads of this process
     (a real gloo pair would cost seconds of process start-up)."""
@@ -144,8 +239,10 @@ class FakeTPGroup:
         tensor.copy_(result)
 
 
-def test_tp_all_reduce_path(monkeypatch):
-    """vocab_parallel_log_probs with tp_group: two ranks (threads) each hold half the vocab.
+@pytest.mark.parametrize("vocab_size,temperature", [(None, 1.0), (390, 0.8)])
+def test_tp_all_reduce_path(monkeypatch, vocab_size, temperature):
+    """vocab_parallel_log_probs with tp_group: two ranks (threads) each hold half the vocab
+    (the second one with padding when `vocab_size` < 400).
 
     Torch implementation only: the Triton CPU interpreter is not thread-safe; the kernels'
     shard statistics are covered by test_tp_shards_combine_to_full_vocab.
@@ -154,7 +251,10 @@ def test_tp_all_reduce_path(monkeypatch):
     group = FakeTPGroup(2)
     monkeypatch.setattr(torch.distributed, "all_reduce", group.all_reduce)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: group.local.rank)
-    logits, labels = make_inputs(4, 400, torch.float32, seed=4)
+    if vocab_size is None:
+        logits, labels = make_inputs(4, 400, torch.float32, seed=4)
+    else:
+        logits, labels = padded_inputs(4, vocab_size, 400, torch.float32, seed=4)
     results, errors = [None, None], []
 
     def rank_main(rank):
@@ -162,7 +262,13 @@ def test_tp_all_reduce_path(monkeypatch):
             group.local.rank = rank
             shard = logits[:, rank * 200 : (rank + 1) * 200].contiguous().requires_grad_()
             logp, ent = vocab_parallel_log_probs(
-                shard, labels, compute_entropy=True, tp_group=group, impl=impl
+                shard,
+                labels,
+                compute_entropy=True,
+                tp_group=group,
+                vocab_size=vocab_size,
+                temperature=temperature,
+                impl=impl,
             )
             (logp.sum() + 0.5 * ent.sum()).backward()
             results[rank] = (logp.detach(), ent.detach(), shard.grad)
@@ -177,7 +283,7 @@ def test_tp_all_reduce_path(monkeypatch):
         t.join(timeout=60)
     assert not errors, errors
     y = logits.double().requires_grad_()
-    ref_logp, ref_ent = naive(y, labels)
+    ref_logp, ref_ent = naive(y, labels, vocab_size, temperature)
     (ref_logp.sum() + 0.5 * ref_ent.sum()).backward()
     for logp, ent, _ in results:
         torch.testing.assert_close(logp.double(), ref_logp, atol=1e-5, rtol=0)
@@ -194,6 +300,10 @@ def test_launcher_checks():
         vocab_parallel_log_probs(logits, labels.int(), impl="torch")
     with pytest.raises(ValueError, match="shape"):
         vocab_parallel_log_probs(logits, labels[:2].contiguous(), impl="torch")
+    with pytest.raises(ValueError, match="temperature"):
+        vocab_parallel_log_probs(logits, labels, temperature=0.0, impl="torch")
+    with pytest.raises(ValueError, match="vocab_size"):
+        vocab_parallel_log_probs(logits, labels, vocab_size=0, impl="torch")
 
 
 @pytest.mark.gpu

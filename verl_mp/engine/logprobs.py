@@ -3,16 +3,28 @@
 Each TP rank holds ``logits [..., V_local]`` for vocabulary ids
 ``[tp_rank * V_local, (tp_rank + 1) * V_local)``; ids ``>= vocab_size`` are TP padding and
 are excluded from the softmax. The max, the sum of exponentials, the target logit and
-``sum p * logit`` are all-reduced over the TP group (megatron's
+``sum exp * logit`` are all-reduced over the TP group (megatron's
 ``reduce_from_tensor_model_parallel_region``: all-reduce forward, identity backward, which
 is the correct gradient because every TP rank computes the same loss from the reduced
-values). Everything is computed in fp32 and is differentiable.
+values, as long as no rank-local term depends on a reduced value that carries gradient).
+Everything is computed in fp32 and is differentiable.
+
+Two implementations, chosen by `verl_mp.kernels.dispatch.select_impl` (``impl=`` argument,
+else ``VERL_MP_KERNELS``, else "auto": Triton for CUDA logits, torch otherwise):
+
+- "triton": the fused kernel `verl_mp.kernels.logprob_loss.vocab_parallel_log_probs`
+  (streaming forward, fused backward; reads the logits in their own dtype and never
+  allocates an fp32 ``[tokens, V_local]`` tensor);
+- "torch": `_log_probs_torch` below, the reference (autograd keeps several fp32 copies
+  of the logits for the backward).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from verl_mp.kernels.dispatch import select_impl
 
 
 def _tp():
@@ -40,18 +52,31 @@ def vocab_parallel_log_probs(
     vocab_size: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    impl: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log p(targets)`` and optionally the entropy of ``softmax(logits / temperature)``.
 
     Args:
-        logits: ``[..., V_local]`` this TP rank's vocabulary slice (any float dtype).
+        logits: ``[..., V_local]`` this TP rank's vocabulary slice (fp32/bf16/fp16).
         targets: ``[...]`` global token ids (any value on positions the caller masks out;
             they must be in ``[0, vocab_size)`` to be meaningful).
         vocab_size: the unpadded vocabulary size.
+        impl: "torch" | "triton" | "auto" | None (None: ``VERL_MP_KERNELS``, default auto).
     Returns:
         ``(log_probs [...], entropy [...] or None)``, fp32.
     """
     group, tp_rank, tp_size = _tp()
+    if select_impl(impl, logits.device) == "triton":
+        from verl_mp.kernels.logprob_loss import vocab_parallel_log_probs as fused
+
+        return fused(logits.contiguous(), targets.long().contiguous(), compute_entropy=with_entropy,
+                     tp_group=group if tp_size > 1 else None, vocab_start=tp_rank * logits.shape[-1],
+                     vocab_size=vocab_size, temperature=temperature, impl="triton")
+    return _log_probs_torch(logits, targets, vocab_size, temperature, with_entropy, group, tp_rank, tp_size)
+
+
+def _log_probs_torch(logits, targets, vocab_size, temperature, with_entropy, group, tp_rank, tp_size):
+    """The plain-torch reference of `vocab_parallel_log_probs` (autograd through fp32 copies)."""
     v_local = logits.shape[-1]
     first = tp_rank * v_local
     valid = torch.arange(first, first + v_local, device=logits.device) < vocab_size
@@ -73,6 +98,8 @@ def vocab_parallel_log_probs(
     log_probs = target_shifted - log_z
     if not with_entropy:
         return log_probs, None
-    probs = exp / sum_exp.unsqueeze(-1)
-    entropy = log_z - _reduce((probs * shifted).sum(dim=-1), tp_size, group)
+    # H = log Z - sum(exp * shifted) / Z. Reduce first, then divide: everything after a
+    # reduction must be the same on every TP rank for its identity backward to be right
+    # (sum(exp / Z * shifted) with the reduced Z inside a rank-local sum is not).
+    entropy = log_z - _reduce((exp * shifted).sum(dim=-1), tp_size, group) / sum_exp
     return log_probs, entropy

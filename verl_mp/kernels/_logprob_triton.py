@@ -1,6 +1,9 @@
 """Triton kernels for vocab-parallel log-probs + entropy (lazy import by `logprob_loss.py`).
 
 One program per token row streams over its local vocabulary shard in `BLOCK_V` chunks.
+Only the first `vocab_valid` columns of a shard are real vocabulary; the rest (Megatron's
+padding of the vocabulary to a TP multiple) never enter the softmax and get zero gradient.
+The kernels see scaled logits z = logits * inv_temperature.
 
 Forward: online softmax statistics relative to the running max `m` of the row:
     s = sum_v exp(z_v - m),   u = sum_v exp(z_v - m) * (z_v - m),   tgt = z_label
@@ -8,8 +11,9 @@ Forward: online softmax statistics relative to the running max `m` of the row:
 
 Backward: with lse and entropy H known, and a = dL/dlogp, b = dL/dH per row,
     dL/dz_v = a * ([v == label] - p_v) - b * p_v * (log p_v + H),   p_v = exp(z_v - lse)
-written in the logits dtype. Rows with a = b = 0 (padding) are zero-filled without
-reading their logits. Offsets are int64: tokens x vocab exceeds 2^31.
+and dL/dlogits_v = dL/dz_v * inv_temperature (0 on padded columns), written in the
+logits dtype. Rows with a = b = 0 (padding) are zero-filled without reading their
+logits. Offsets are int64: tokens x vocab exceeds 2^31.
 """
 
 import triton
@@ -29,8 +33,9 @@ def logprob_fwd_kernel(
     ent_ptr,
     tgt_ptr,
     stride_row,
-    vocab_local,
+    vocab_valid,
     vocab_start,
+    inv_temperature,
     COMPUTE_ENTROPY: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -40,9 +45,10 @@ def logprob_fwd_kernel(
     m = tl.full([], NEG_BIG, tl.float32)
     s = tl.full([], 0.0, tl.float32)
     u = tl.full([], 0.0, tl.float32)
-    for v0 in range(0, vocab_local, BLOCK_V):
+    for v0 in range(0, vocab_valid, BLOCK_V):
         offs = v0 + cols
-        z = tl.load(base + offs, mask=offs < vocab_local, other=float("-inf")).to(tl.float32)
+        z = tl.load(base + offs, mask=offs < vocab_valid, other=float("-inf")).to(tl.float32)
+        z = z * inv_temperature
         m_new = tl.maximum(m, tl.max(z, axis=0))
         scale = tl.exp(m - m_new)
         p = tl.exp(z - m_new)
@@ -52,8 +58,8 @@ def logprob_fwd_kernel(
         s = scale * s + tl.sum(p, axis=0)
         m = m_new
     label = tl.load(labels_ptr + row) - vocab_start
-    in_shard = (label >= 0) & (label < vocab_local)
-    tgt = tl.load(base + label, mask=in_shard, other=0.0).to(tl.float32)
+    in_shard = (label >= 0) & (label < vocab_valid)
+    tgt = tl.load(base + label, mask=in_shard, other=0.0).to(tl.float32) * inv_temperature
     tl.store(max_ptr + row, m)
     tl.store(sum_ptr + row, s)
     tl.store(tgt_ptr + row, tgt)
@@ -73,7 +79,9 @@ def logprob_bwd_kernel(
     stride_row,
     grad_stride_row,
     vocab_local,
+    vocab_valid,
     vocab_start,
+    inv_temperature,
     HAS_ENTROPY_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -84,6 +92,7 @@ def logprob_bwd_kernel(
     a = tl.load(a_ptr + row)
     lse = tl.load(lse_ptr + row)
     label = tl.load(labels_ptr + row) - vocab_start
+    label = tl.where((label >= 0) & (label < vocab_valid), label, -1)  # padded id: no one-hot
     skip = a == 0.0
     if HAS_ENTROPY_GRAD:
         b = tl.load(b_ptr + row)
@@ -97,12 +106,13 @@ def logprob_bwd_kernel(
     else:
         for v0 in range(0, vocab_local, BLOCK_V):
             offs = v0 + cols
-            ok = offs < vocab_local
-            z = tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32)
-            log_p = z - lse
+            valid = offs < vocab_valid
+            z = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
+            log_p = z * inv_temperature - lse
             p = tl.exp(log_p)
             g = -a * p
             if HAS_ENTROPY_GRAD:
                 g -= b * p * tl.where(p > 0.0, log_p + h, 0.0)
             g += tl.where(offs == label, a, 0.0)
-            tl.store(gbase + offs, g.to(grad_ptr.dtype.element_ty), mask=ok)
+            g = tl.where(valid, g * inv_temperature, 0.0)
+            tl.store(gbase + offs, g.to(grad_ptr.dtype.element_ty), mask=offs < vocab_local)

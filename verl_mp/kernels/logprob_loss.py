@@ -15,12 +15,19 @@ all-reduce MAX of one value per token and one all-reduce SUM of two (three with
 entropy). `combine_partial_stats` is the same math on stacked shards, without
 torch.distributed. The backward needs no communication.
 
+Padded vocabulary and temperature: Megatron pads the vocabulary to a multiple of the TP
+size; with `vocab_size` (the real, unpadded size) the ids >= vocab_size are left out of
+the max, the sum of exp and the entropy, and their logits get exactly zero gradient.
+With `temperature` T the distribution is softmax(logits / T) and the gradient carries
+the 1/T factor.
+
 Implementations: Triton kernels (`_logprob_triton.py`) or a chunked torch reference,
 chosen by `impl` / ``VERL_MP_KERNELS`` (see `dispatch.py`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -31,28 +38,50 @@ NEG_BIG = -1.0e30
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _partial_stats_torch(logits, labels, vocab_start, compute_entropy, chunk_tokens):
-    """Per-row (max, sum_exp, ent_acc, target) of a vocab shard `[N, V]` -> 4 x `[N]` fp32."""
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 logits / temperature (no op at T = 1)."""
+    z = logits.float()
+    return z if temperature == 1.0 else z / temperature
+
+
+def _partial_stats_torch(
+    logits, labels, vocab_start, compute_entropy, chunk_tokens, *, vocab_valid=None, temperature=1.0
+):
+    """Per-row (max, sum_exp, ent_acc, target) of a vocab shard `[N, V]` -> 4 x `[N]` fp32.
+
+    Only the first `vocab_valid` columns (default all) are vocabulary; the rest is padding.
+    """
     n, vocab_local = logits.shape
+    vocab_valid = vocab_local if vocab_valid is None else vocab_valid
     row_max, sum_exp, ent_acc, target = (torch.zeros(n, device=logits.device) for _ in range(4))
+    if vocab_valid == 0:  # a shard of padding only: contributes nothing
+        return row_max.fill_(NEG_BIG), sum_exp, ent_acc, target
     local = labels - vocab_start
-    in_shard = (local >= 0) & (local < vocab_local)
+    in_shard = (local >= 0) & (local < vocab_valid)
     for i in range(0, n, chunk_tokens):
-        z = logits[i : i + chunk_tokens].float()
+        z = _scaled(logits[i : i + chunk_tokens, :vocab_valid], temperature)
         m = z.max(-1).values.clamp(min=NEG_BIG)
         e = torch.exp(z - m[:, None])
         row_max[i : i + chunk_tokens] = m
         sum_exp[i : i + chunk_tokens] = e.sum(-1)
         if compute_entropy:
             ent_acc[i : i + chunk_tokens] = torch.where(e > 0, e * (z - m[:, None]), 0.0).sum(-1)
-        idx = local[i : i + chunk_tokens].clamp(0, vocab_local - 1)[:, None]
+        idx = local[i : i + chunk_tokens].clamp(0, vocab_valid - 1)[:, None]
         tgt = z.gather(-1, idx).squeeze(-1)
         target[i : i + chunk_tokens] = torch.where(in_shard[i : i + chunk_tokens], tgt, 0.0)
     return row_max, sum_exp, ent_acc, target
 
 
 def _partial_stats_triton(
-    logits, labels, vocab_start, compute_entropy, block_v=None, num_warps=None
+    logits,
+    labels,
+    vocab_start,
+    compute_entropy,
+    block_v=None,
+    num_warps=None,
+    *,
+    vocab_valid=None,
+    temperature=1.0,
 ):
     from verl_mp.kernels._logprob_triton import logprob_fwd_kernel  # lazy: reads TRITON_INTERPRET
 
@@ -70,8 +99,9 @@ def _partial_stats_triton(
         ent_acc,
         target,
         logits.stride(0),
-        vocab_local,
+        vocab_local if vocab_valid is None else vocab_valid,
         vocab_start,
+        1.0 / temperature,
         COMPUTE_ENTROPY=compute_entropy,
         BLOCK_V=block_v,
         num_warps=num_warps,
@@ -140,26 +170,57 @@ def _dist_reducers(tp_group) -> tuple[Reduce, Reduce]:
     return reduce_max, reduce_sum
 
 
-def _backward_torch(logits, labels, vocab_start, lse, entropy, a, b, chunk_tokens):
-    """dL/dlogits `[N, V]` in the logits dtype, chunk by chunk."""
+def _backward_torch(
+    logits,
+    labels,
+    vocab_start,
+    lse,
+    entropy,
+    a,
+    b,
+    chunk_tokens,
+    *,
+    vocab_valid=None,
+    temperature=1.0,
+):
+    """dL/dlogits `[N, V]` in the logits dtype, chunk by chunk (0 on padded columns)."""
     n, vocab_local = logits.shape
+    vocab_valid = vocab_local if vocab_valid is None else vocab_valid
     grad = torch.empty_like(logits)
+    grad[:, vocab_valid:] = 0
+    if vocab_valid == 0:
+        return grad
     local = labels - vocab_start
-    in_shard = (local >= 0) & (local < vocab_local)
+    in_shard = (local >= 0) & (local < vocab_valid)
     for i in range(0, n, chunk_tokens):
         sl = slice(i, i + chunk_tokens)
-        log_p = logits[sl].float() - lse[sl, None]
+        log_p = _scaled(logits[sl, :vocab_valid], temperature) - lse[sl, None]
         p = torch.exp(log_p)
         g = -a[sl, None] * p
         if b is not None:
             g -= b[sl, None] * torch.where(p > 0, p * (log_p + entropy[sl, None]), 0.0)
         hit = torch.where(in_shard[sl], a[sl], 0.0)[:, None]
-        g.scatter_add_(-1, local[sl].clamp(0, vocab_local - 1)[:, None], hit)
-        grad[sl] = g.to(logits.dtype)
+        g.scatter_add_(-1, local[sl].clamp(0, vocab_valid - 1)[:, None], hit)
+        if temperature != 1.0:
+            g /= temperature
+        grad[sl, :vocab_valid] = g.to(logits.dtype)
     return grad
 
 
-def _backward_triton(logits, labels, vocab_start, lse, entropy, a, b, block_v=None, num_warps=None):
+def _backward_triton(
+    logits,
+    labels,
+    vocab_start,
+    lse,
+    entropy,
+    a,
+    b,
+    block_v=None,
+    num_warps=None,
+    *,
+    vocab_valid=None,
+    temperature=1.0,
+):
     from verl_mp.kernels._logprob_triton import logprob_bwd_kernel  # lazy: reads TRITON_INTERPRET
 
     n, vocab_local = logits.shape
@@ -177,7 +238,9 @@ def _backward_triton(logits, labels, vocab_start, lse, entropy, a, b, block_v=No
         logits.stride(0),
         grad.stride(0),
         vocab_local,
+        vocab_local if vocab_valid is None else vocab_valid,
         vocab_start,
+        1.0 / temperature,
         HAS_ENTROPY_GRAD=b is not None,
         BLOCK_V=block_v,
         num_warps=num_warps,
@@ -189,17 +252,21 @@ class _VocabParallelLogProb(torch.autograd.Function):
     """logits `[N, V_local]`, labels `[N]` -> log_probs `[N]` (+ entropy `[N]`)."""
 
     @staticmethod
-    def forward(ctx, logits, labels, vocab_start, compute_entropy, tp_group, impl, chunk_tokens):
+    def forward(ctx, logits, labels, shard, compute_entropy, tp_group, impl, chunk_tokens):
+        vocab_start, vocab_valid, temperature = shard
+        opts = dict(vocab_valid=vocab_valid, temperature=temperature)
         if impl == "triton":
-            stats = _partial_stats_triton(logits, labels, vocab_start, compute_entropy)
+            stats = _partial_stats_triton(logits, labels, vocab_start, compute_entropy, **opts)
         else:
-            stats = _partial_stats_torch(logits, labels, vocab_start, compute_entropy, chunk_tokens)
+            stats = _partial_stats_torch(
+                logits, labels, vocab_start, compute_entropy, chunk_tokens, **opts
+            )
         row_max, sum_exp, ent_acc, target = stats
         ent_acc = ent_acc if compute_entropy else None
         reducers = (_identity, _identity) if tp_group is None else _dist_reducers(tp_group)
         lse, target, entropy = _combine(row_max, sum_exp, ent_acc, target, *reducers)
         ctx.save_for_backward(logits, labels, lse, entropy if compute_entropy else lse)
-        ctx.config = (vocab_start, impl, chunk_tokens)
+        ctx.config = (shard, impl, chunk_tokens)
         ctx.set_materialize_grads(False)
         log_probs = target - lse
         return (log_probs, entropy) if compute_entropy else log_probs
@@ -207,13 +274,16 @@ class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy=None):
         logits, labels, lse, entropy = ctx.saved_tensors
-        vocab_start, impl, chunk_tokens = ctx.config
+        (vocab_start, vocab_valid, temperature), impl, chunk_tokens = ctx.config
+        opts = dict(vocab_valid=vocab_valid, temperature=temperature)
         a = grad_log_probs.float() if grad_log_probs is not None else torch.zeros_like(lse)
         b = grad_entropy.float() if grad_entropy is not None else None
         if impl == "triton":
-            grad = _backward_triton(logits, labels, vocab_start, lse, entropy, a, b)
+            grad = _backward_triton(logits, labels, vocab_start, lse, entropy, a, b, **opts)
         else:
-            grad = _backward_torch(logits, labels, vocab_start, lse, entropy, a, b, chunk_tokens)
+            grad = _backward_torch(
+                logits, labels, vocab_start, lse, entropy, a, b, chunk_tokens, **opts
+            )
         return grad, None, None, None, None, None, None
 
 
@@ -224,20 +294,25 @@ def vocab_parallel_log_probs(
     compute_entropy: bool = False,
     tp_group=None,
     vocab_start: int | None = None,
+    vocab_size: int | None = None,
+    temperature: float = 1.0,
     impl: str | None = None,
     chunk_tokens: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Differentiable per-token log-probs and entropy from (vocab-sharded) logits.
+    """Differentiable per-token log-probs and entropy of softmax(logits / temperature).
 
     Args:
         logits: `[..., V_local]` fp32/bf16/fp16, contiguous: this rank's vocabulary shard
             (the full vocabulary when `tp_group` is None).
-        labels: `[...]` int64 global token ids; ids outside the full vocabulary (e.g.
-            -100 on padding) give log_prob = -lse, to be masked by the caller.
+        labels: `[...]` int64 global token ids; ids outside `[0, vocab_size)` (e.g. -100
+            on padding) give log_prob = -lse, to be masked by the caller.
         compute_entropy: also return the entropy of the full softmax.
         tp_group: torch.distributed group over which the vocabulary is sharded, or None.
         vocab_start: first global id of this shard; default rank * V_local (Megatron's
             equal shards), or 0 without `tp_group`.
+        vocab_size: the real (unpadded) global vocabulary size; ids >= it are padding:
+            excluded from the softmax and the entropy, zero gradient. None: no padding.
+        temperature: T > 0; the distribution is softmax(logits / T).
         impl: "torch" | "triton" | "auto" | None (see `dispatch.select_impl`).
         chunk_tokens: rows per chunk in the torch implementation (bounds its fp32 copy).
 
@@ -250,14 +325,22 @@ def vocab_parallel_log_probs(
     check_tensor(
         "labels", labels, shape=logits.shape[:-1], dtypes=(torch.int64,), device=logits.device
     )
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature={temperature!r} must be a finite number > 0")
+    if vocab_size is not None and vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size!r} must be >= 1 (or None: no padded ids)")
+    vocab_local = logits.shape[-1]
     if vocab_start is None:
-        vocab_start = 0 if tp_group is None else _tp_rank(tp_group) * logits.shape[-1]
+        vocab_start = 0 if tp_group is None else _tp_rank(tp_group) * vocab_local
+    vocab_valid = vocab_local
+    if vocab_size is not None:
+        vocab_valid = min(vocab_local, max(0, int(vocab_size) - int(vocab_start)))
     impl = select_impl(impl, logits.device)
-    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_logits = logits.reshape(-1, vocab_local)
     out = _VocabParallelLogProb.apply(
         flat_logits,
         labels.reshape(-1),
-        int(vocab_start),
+        (int(vocab_start), vocab_valid, float(temperature)),
         compute_entropy,
         tp_group,
         impl,
