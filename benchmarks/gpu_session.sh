@@ -2,8 +2,9 @@
 # One GPU session on the H200 machine, in two back-to-back calls (vLLM comes in 2 parts):
 #   stash : carry .gpu-vllm/part1; keep it in ~/gvk (outside the checkout).
 #   main  : carry .gpu-vllm/part2 and .whl; install megatron-core/omegaconf + vLLM 0.26;
-#           run the gpu tests (colocated sync, sleep/wake) and the weight-sync benchmark
-#           (1.5B and 7B shapes, 1 and 2 GPUs).
+#           run the gpu tests (colocated local sync, sleep/wake) at TP 1 and 2 and time the
+#           1-GPU weight syncs (1.5B and 7B shapes, gather and local modes).
+#   bench2: (right after main, same carry) the 2-GPU weight syncs; EXTRA_TESTS=... more gpu tests.
 # Logs and JSON results go to $OUT.
 set -uo pipefail
 phase=${1:?usage: gpu_session.sh stash|main}
@@ -22,19 +23,34 @@ setup_python() {
   export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
 }
 
-run_main() {
+bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
+  CUDA_VISIBLE_DEVICES=${3:-0,1} timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node "$2" \
+    benchmarks/weight_sync.py --size "$1" --modes gather,local --out "$OUT/sync_$1_tp$2.json" \
+    > "$OUT/sync_$1_tp$2.log" 2>&1
+  echo "sync $1 tp$2 rc=$?"; grep -E '^[{]' "$OUT/sync_$1_tp$2.log" | cut -c1-400
+}
+
+run_main() {  # 1-GPU test on GPU 0 while GPU 1 times the 1-GPU syncs; then the TP=2 test
   setup_python
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_cuda.py \
-    tests/gpu/test_rollout_gpu.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^[{]|passed|failed|Error" | tail -20
-  for run in "1.5b 1" "7b 1" "1.5b 2" "7b 2"; do
-    set -- $run
-    [ "$2" -le "$ngpu" ] || continue
-    timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node "$2" benchmarks/weight_sync.py \
-      --size "$1" --out "$OUT/sync_$1_tp$2.json" > "$OUT/sync_$1_tp$2.log" 2>&1
-    echo "sync $1 tp$2 rc=$?"
-    grep -E '^[{]' "$OUT/sync_$1_tp$2.log" | tail -1
-  done
+  (CUDA_VISIBLE_DEVICES=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_cuda.py \
+    tests/gpu/test_rollout_gpu.py -k "tp1pp1 or runtime" -s > "$OUT/gpu_tests_tp1.log" 2>&1; echo "tp1 tests rc=$?") &
+  bench 1.5b 1 1; bench 7b 1 1
+  wait; grep -E "^[{]|passed|failed|Error" "$OUT/gpu_tests_tp1.log" | cut -c1-600 | tail -6
+  [ "$ngpu" -ge 2 ] || return 0
+  timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_rollout_gpu.py -k tp2pp1 -s \
+    > "$OUT/gpu_tests_tp2.log" 2>&1; echo "tp2 test rc=$?"
+  grep -E "^[{]|passed|failed|Error" "$OUT/gpu_tests_tp2.log" | cut -c1-600 | tail -6
+}
+
+run_bench2() {  # the 2-GPU syncs, plus any extra GPU tests named in $EXTRA_TESTS on the side
+  setup_python
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  bench 1.5b 2; bench 7b 2
+  if [ -n "${EXTRA_TESTS:-}" ]; then
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $EXTRA_TESTS -s > "$OUT/gpu_extra.log" 2>&1
+    echo "extra tests rc=$?"; grep -E "^[{]|passed|failed|Error" "$OUT/gpu_extra.log" | cut -c1-600 | tail -8
+  fi
 }
 
 case "$phase" in
@@ -51,5 +67,6 @@ case "$phase" in
     wait; grep -E "^[{]|passed|failed" "$OUT/gpu_tests.log" | tail -5 ;;
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   main) run_main ;;
+  bench2) run_bench2 ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

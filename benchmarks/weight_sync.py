@@ -6,8 +6,9 @@ Run under torchrun on GPUs (world size = train TP = rollout TP):
 
 Builds a randomly initialised megatron GPTModel of a real shape (bf16) and a colocated
 vLLM engine started with ``load_format=dummy``; then times ``iters`` full syncs
-(bucketed TP gather -> HF names -> ``reload_weights``) and reports seconds, GB moved,
-GB/s and the sync's transient memory. A final check compares one vLLM and one Megatron
+in each mode (``gather``: bucketed TP gather -> HF names -> ``reload_weights``;
+``local``: this rank's shards -> vLLM's parameters in place) and reports seconds, seconds per
+GB of model, GB moved per rank and the sync's transient memory. A final check compares one vLLM and one Megatron
 tensor after the sync.
 """
 
@@ -48,6 +49,7 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SHAPES), default="1.5b")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--modes", default="gather,local", help="sync modes to time, comma separated")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -59,7 +61,6 @@ def main() -> None:
     from verl_mp.engine.runtime import initialize_parallel
     from verl_mp.models.hf_config import spec_from_hf_config
     from verl_mp.rollout.vllm_rollout import VLLMRollout
-    from verl_mp.rollout.weight_sync import WeightSync
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -75,34 +76,50 @@ def main() -> None:
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=world, dtype="bf16", load_format="dummy",
                                         gpu_memory_utilization=0.35, enforce_eager=True, max_model_len=2048),
                           path, spec.num_query_groups)
-    sync = WeightSync(spec, chunks, state, a.bucket_mb)
-    rollout.load_weights(sync.iter_hf_weights())  # warm-up
+    results = [_time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) for mode in a.modes.split(",")]
+    if dist.get_rank() == 0:
+        for result in results:
+            print(json.dumps(result))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(results, f, indent=1)
+    dist.barrier()
+    os._exit(0)
+
+
+def _time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) -> dict:
+    """Warm up, then time ``a.iters`` whole syncs in one mode (``gather`` or ``local``)."""
+    from verl_mp.rollout.weight_sync import make_weight_sync
+
+    sync = make_weight_sync(spec, chunks, state, a.bucket_mb, mode, rollout)
+    rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)  # warm-up
     times, peaks = [], []
     for _ in range(a.iters):
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        rollout.load_weights(sync.iter_hf_weights())
+        rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         peaks.append(torch.cuda.max_memory_allocated() - base)
     stats = sync.last_stats
-    check = _check_one_tensor(rollout, chunks)
-    result = dict(size=a.size, world=world, dtype="bf16", bucket_mb=a.bucket_mb,
-                  gbytes=stats.bytes_synced / 1e9, seconds_median=sorted(times)[len(times) // 2],
-                  seconds_all=times, gbps=stats.bytes_synced / 1e9 / sorted(times)[len(times) // 2],
-                  sync_transient_peak_gb=stats.peak_transient_bytes / 1e9,
-                  cuda_peak_extra_gb=max(peaks) / 1e9, train_weights_gb=train_bytes / 1e9,
-                  num_buckets=stats.num_buckets, final_layernorm_max_abs_diff=check,
-                  gpu=torch.cuda.get_device_name(), torch=torch.__version__)
-    if dist.get_rank() == 0:
-        print(json.dumps(result))
-        if a.out:
-            with open(a.out, "w") as f:
-                json.dump(result, f, indent=1)
-    dist.barrier()
-    os._exit(0)
+    median = sorted(times)[len(times) // 2]
+    model_gb = sum(i.param.numel() * i.param.element_size() * (state.tp_size if i.tp_dim is not None else 1)
+                   for i in sync.infos) / 1e9
+    check = {}
+    if sync.kernel_format:  # the in-place shards must equal what vLLM's own loader builds
+        from verl_mp.rollout.verify import local_vs_loader
+
+        check["local_vs_loader_max_abs_diff"] = local_vs_loader(spec, chunks, state, rollout, a.bucket_mb)
+    return dict(**check, size=a.size, world=world, mode=sync.mode, dtype="bf16", bucket_mb=a.bucket_mb,
+                model_gb=model_gb, moved_gb_per_rank=stats.bytes_synced / 1e9,
+                tp_gathered_gb_per_rank=stats.tp_gathered_bytes / 1e9, seconds_median=median,
+                seconds_all=times, seconds_per_model_gb=median / model_gb,
+                sync_transient_peak_gb=stats.peak_transient_bytes / 1e9,
+                cuda_peak_extra_gb=max(peaks) / 1e9, train_weights_gb=train_bytes / 1e9,
+                num_buckets=stats.num_buckets, final_layernorm_max_abs_diff=_check_one_tensor(rollout, chunks),
+                gpu=torch.cuda.get_device_name(), torch=torch.__version__)
 
 
 def _check_one_tensor(rollout, chunks) -> float:

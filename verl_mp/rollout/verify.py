@@ -39,6 +39,23 @@ def mean_gap(batch, a, b_lists):
     return float(((a.cpu() - b).abs() * batch.response_mask).sum() / batch.response_mask.sum())
 
 
+def local_vs_loader(spec, chunks, state, rollout, bucket_mb: int) -> float:
+    """Max |param| difference between the ``local`` sync's vLLM parameters and those vLLM's
+    checkpoint loader builds from the ``gather`` sync's full HF tensors (expected: 0)."""
+    from verl_mp.rollout.weight_sync import WeightSync
+
+    def snapshot(worker):
+        return {n: p.detach().clone() for n, p in worker.model_runner.get_model().named_parameters()}
+
+    local = rollout.llm.collective_rpc(snapshot)[0]
+    rollout.load_weights(WeightSync(spec, chunks, state, bucket_mb, "gather").iter_weights())
+    loaded = rollout.llm.collective_rpc(snapshot)[0]
+    diff = max(float((local[n].float() - loaded[n].float()).abs().max()) for n in loaded)
+    t = torch.tensor([diff], device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def _used_gb() -> float:
     free, total = torch.cuda.mem_get_info()
     return (total - free) / 2**30
@@ -52,6 +69,8 @@ def main():
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--dtype", default="fp32")
+    p.add_argument("--sync-mode", default="auto", choices=["auto", "gather", "local"],
+                   help="rollout.weight_sync_mode (local: rank-local shards, needs rollout TP == TP)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -61,7 +80,7 @@ def main():
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
     from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
-    from verl_mp.rollout.weight_sync import WeightSync
+    from verl_mp.rollout.weight_sync import make_weight_sync
 
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
     engine = MegatronEngine(EngineConfig(model_path=a.model, parallel=parallel, micro_batch_size=4,
@@ -70,7 +89,7 @@ def main():
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128,
                                         dtype=a.dtype, gpu_memory_utilization=0.3),
                           a.model, engine.spec.num_query_groups)
-    sync = WeightSync(engine.spec, engine.chunks, engine.state, a.bucket_mb)
+    sync = make_weight_sync(engine.spec, engine.chunks, engine.state, a.bucket_mb, a.sync_mode, rollout)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, engine.spec.vocab_size, (int(n),), generator=g).tolist()
                for n in torch.randint(3, 9, (8,), generator=g)]
@@ -94,7 +113,11 @@ def main():
         memory["asleep_gb"] = _used_gb()
     engine.train_step(inputs, lambda out, mb: (-(out["log_probs"] * mb["response_mask"]).sum() / total, {}))
     rollout.wake_up(["weights"])
-    rollout.load_weights(sync.iter_hf_weights())
+    rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
+    cross = {}
+    if sync.kernel_format:  # vLLM's own loader, fed full HF tensors, must give the same parameters
+        cross["local_vs_loader_max_abs_diff"] = local_vs_loader(engine.spec, engine.chunks, engine.state,
+                                                                   rollout, a.bucket_mb)
     rollout.wake_up(["kv_cache"])
     if torch.cuda.is_available():
         memory["awake_gb"] = _used_gb()
@@ -117,7 +140,9 @@ def main():
                        "bucket_bytes": sync.bucket_bytes, "largest_local_full_bytes": largest,
                        "largest_tensor_bytes_seen": stats.largest_tensor_bytes,
                        "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets,
-                       "mean_gap_after": mean_gap(batch1, eng1, out1.response_logprobs), **memory}, f)
+                       "mean_gap_after": mean_gap(batch1, eng1, out1.response_logprobs),
+                       "sync_mode": sync.mode, "tp_gathered_bytes": stats.tp_gathered_bytes,
+                       "sync_seconds": stats.seconds, **memory, **cross}, f)
     dist.barrier()
     os._exit(0)  # vLLM's in-process engine has no clean shutdown under torchrun
 

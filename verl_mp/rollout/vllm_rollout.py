@@ -103,14 +103,39 @@ class VLLMRollout:
         return merged
 
     # -- weights and memory -------------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Stream HF-named full tensors into vLLM (it takes its own TP slice of each)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], kernel_format: bool = False) -> None:
+        """Stream weights into this rank's vLLM worker.
+
+        ``kernel_format=False``: HF-named full tensors; vLLM's loaders take their TP slice.
+        ``kernel_format=True``: vLLM parameter names with this rank's shards in vLLM's
+        layout (`verl_mp.rollout.vllm_layout`), copied in place.
+        """
 
         def reload(worker):
-            worker.model_runner.reload_weights(weights_iterator=iter(weights))
+            with torch.no_grad():  # vLLM 0.26 copies kernel-format tensors into leaf parameters
+                worker.model_runner.reload_weights(weights_iterator=iter(weights),
+                                                   is_checkpoint_format=not kernel_format)
 
         self.llm.collective_rpc(reload)
         self.llm.reset_prefix_cache()
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of this rank's vLLM parameters (as the ``local`` sync writes them)."""
+
+        def shapes(worker):
+            return {n: tuple(p.shape) for n, p in worker.model_runner.get_model().named_parameters()}
+
+        return self.llm.collective_rpc(shapes)[0]
+
+    def tp_rank(self) -> int:
+        """This process's rank in vLLM's tensor-parallel group."""
+
+        def rank(worker):
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            return get_tensor_model_parallel_rank()
+
+        return self.llm.collective_rpc(rank)[0]
 
     def sleep(self) -> None:
         if not torch.cuda.is_available():

@@ -19,7 +19,7 @@ from verl_mp.data.rl_batch import RLBatch, attention_mask, to_positions
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.rollout.types import RolloutOutput
-from verl_mp.rollout.weight_sync import WeightSync
+from verl_mp.rollout.weight_sync import make_weight_sync
 from verl_mp.trainer.steps import needs_critic, needs_reference
 from verl_mp.workers.losses import actor_loss, critic_loss
 
@@ -41,7 +41,8 @@ class HybridWorker:
             self.critic = MegatronEngine(self._engine_config("critic"))
             self.critic.load_hf()
         self.rollout = _build_rollout(cfg, self.spec.num_query_groups)
-        self.sync = WeightSync(self.spec, self.actor.chunks, self.actor.state, cfg.rollout.weight_sync_bucket_mb)
+        self.sync = make_weight_sync(self.spec, self.actor.chunks, self.actor.state,
+                                     cfg.rollout.weight_sync_bucket_mb, cfg.rollout.weight_sync_mode, self.rollout)
 
     def _engine_config(self, role: str) -> EngineConfig:
         cfg = self.cfg
@@ -68,12 +69,14 @@ class HybridWorker:
     def sync_weights(self) -> dict[str, float]:
         """Actor shards -> rollout engine (bucketed), then a fresh KV cache."""
         self.rollout.wake_up(["weights"])
-        self.rollout.load_weights(self.sync.iter_hf_weights())
+        self.rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
         self.rollout.sleep()
         stats = self.sync.last_stats
         return {"rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
-                "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9}
+                "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9,
+                "rollout/sync_tp_gathered_bytes": float(stats.tp_gathered_bytes),
+                "rollout/sync_local": float(self.sync.kernel_format)}
 
     # -- forward passes -----------------------------------------------------------------------
     def compute_log_probs(self, batch: RLBatch, role: str) -> torch.Tensor:

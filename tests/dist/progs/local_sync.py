@@ -1,0 +1,109 @@
+"""The ``local`` weight-sync mode at one (TP, PP) layout, for tests/dist/test_weight_sync_local.py.
+
+For every tiny architecture: what the ``local`` sync yields on each rank (vLLM parameter
+names, this TP rank's shards) must equal, bit for bit, an independent slicing of the full
+HF tensors (from the ``gather`` sync) by vLLM's documented TP rules:
+
+- ``qkv_proj``: ``[q rows of rank r; k rows of rank r; v rows of rank r]`` (heads split evenly);
+- ``gate_up_proj``: ``[gate rows of r; up rows of r]``;
+- ``o_proj`` / ``down_proj``: the input columns of rank r;
+- ``embed_tokens`` / ``lm_head``: rows ``[r * R, (r + 1) * R)`` of the vocabulary zero-padded
+  to a multiple of 64, ``R = padded / tp``;
+- everything else whole.
+Writes JSON: per architecture the largest difference, the tensor counts, the shapes
+`planned_shapes` promised, and the sync's TP-gather bytes and memory high-water mark.
+"""
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.config.parallel import ParallelConfig
+from verl_mp.engine.config import EngineConfig
+from verl_mp.engine.engine import MegatronEngine
+from verl_mp.rollout.weight_sync import WeightSync
+
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight")
+
+
+def expected_vllm_shards(hf: dict[str, torch.Tensor], spec, r: int, tp: int) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def rows(t, parts):  # rank r's block of an evenly split first dimension
+        n = t.shape[0] // parts
+        return t[r * n:(r + 1) * n]
+
+    for name, t in hf.items():
+        leaf = name.rsplit(".", 2)
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            padded = -(-spec.vocab_size // 64) * 64
+            full = torch.zeros((padded, t.shape[1]), dtype=t.dtype)
+            full[: t.shape[0]] = t
+            out[name] = rows(full, tp)
+        elif leaf[-2] in ("q_proj", "k_proj", "v_proj"):
+            fused = f"{leaf[0]}.qkv_proj.{leaf[-1]}"
+            parts = [rows(hf[f"{leaf[0]}.{p}.{leaf[-1]}"], tp) for p in ("q_proj", "k_proj", "v_proj")]
+            out[fused] = torch.cat(parts)
+        elif leaf[-2] in ("gate_proj", "up_proj"):
+            fused = f"{leaf[0]}.gate_up_proj.{leaf[-1]}"
+            out[fused] = torch.cat([rows(hf[f"{leaf[0]}.{p}.{leaf[-1]}"], tp) for p in ("gate_proj", "up_proj")])
+        elif name.endswith(COLUMN_SPLIT):
+            n = t.shape[1] // tp
+            out[name] = t[:, r * n:(r + 1) * n]
+        else:
+            out[name] = t
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tp", type=int, required=True)
+    p.add_argument("--pp", type=int, required=True)
+    p.add_argument("--models", required=True, help="folder with one tiny checkpoint per architecture")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    results = {}
+    for arch in ARCHS:
+        path = f"{a.models}/{arch}"
+        parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
+        engine = MegatronEngine(EngineConfig(model_path=path, role="ref", parallel=parallel, micro_batch_size=2))
+        engine.load_hf()
+        full = dict(WeightSync(engine.spec, engine.chunks, engine.state, 1, "gather").iter_weights())
+        local_sync = WeightSync(engine.spec, engine.chunks, engine.state, 0.1, "local")  # several buckets
+        planned = local_sync.planned_shapes()
+        got = {n: t.clone() for n, t in local_sync.iter_weights()}
+        state = engine.state
+        want = expected_vllm_shards(full, engine.spec, state.tp_rank, state.tp_size)
+        stats = local_sync.last_stats
+        vocab_names = ("embedding.word_embeddings.weight", "output_layer.weight")
+        largest_gathered_vocab = max((i.param.numel() * i.param.element_size() * state.tp_size
+                                      for i in local_sync.infos
+                                      if i.tp_dim is not None and i.global_name in vocab_names), default=0)
+        row = {
+            "names_equal": sorted(got) == sorted(want),
+            "missing": sorted(set(want) - set(got))[:5], "extra": sorted(set(got) - set(want))[:5],
+            "max_abs_diff": max((float((got[n] - want[n]).abs().max()) if got[n].shape == want[n].shape
+                                 else float("inf")) for n in want if n in got),
+            "planned_equal": planned == {n: tuple(t.shape) for n, t in got.items()},
+            "vocab_multiple_of_64": engine.spec.vocab_size % 64 == 0,
+            "tp_gathered_bytes": stats.tp_gathered_bytes,
+            "peak_transient_bytes": stats.peak_transient_bytes,
+            "bucket_bytes": local_sync.bucket_bytes,
+            "largest_gathered_vocab_bytes": largest_gathered_vocab,
+            "num_tensors": len(got),
+            "num_buckets": stats.num_buckets,
+        }
+        rows = [None] * dist.get_world_size()
+        dist.all_gather_object(rows, row)
+        results[arch] = rows
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
