@@ -47,3 +47,13 @@ def test_manager_adds_model_score(scorer):
     torch.testing.assert_close(result.scores, torch.tensor([1.0, 0.0]) + model_scores)
     assert result.metrics["reward/rule_score/mean"] == 0.5
     assert "reward/model_score/mean" in result.metrics
+
+
+def test_manager_replace_uses_only_model_scores():
+    # no rule function exists for this source: with combine=replace none runs
+    manager = RewardManager(num_workers=0, model_combine="replace", model_coef=2.0)
+    result = manager.score(["#### 3", "#### 5"], ["3", "4"], ["no_such_source"] * 2,
+                           model_scores=torch.tensor([0.5, -1.0]))
+    torch.testing.assert_close(result.scores, torch.tensor([1.0, -2.0]))
+    assert result.metrics["reward/score/mean"] == -0.5 and "reward/accuracy" not in result.metrics
+    assert result.metrics["reward/model_score/mean"] == -0.25

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.placement import PlacementConfig
 from verl_mp.config.rollout import RolloutConfig
 
 LAUNCHERS = ("torchrun", "ray")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+REWARD_MODEL_COMBINE = ("add", "replace")
 
 
 @dataclass(kw_only=True)
@@ -52,8 +54,9 @@ class DataConfig:
 class EngineRoleConfig:
     """A Megatron engine role (actor, reference or critic).
 
-    All roles are colocated in the same processes and share the actor's parallel
-    layout (``actor.megatron``): megatron keeps one model-parallel state per process.
+    Roles colocated in the same processes share the actor's parallel layout
+    (``actor.megatron``): megatron keeps one model-parallel state per process. A critic on
+    its own pool (``trainer.placement``) may have its own (``critic.megatron``).
     """
 
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -68,7 +71,7 @@ class EngineRoleConfig:
 @dataclass(kw_only=True)
 class ActorConfig(EngineRoleConfig):
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
-    """The parallel layout of every engine (actor, reference, critic) in this run."""
+    """The parallel layout of the actor and reference (and of a colocated critic)."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -91,6 +94,9 @@ class ActorConfig(EngineRoleConfig):
 class CriticConfig(EngineRoleConfig):
     enable: bool | None = None
     """None: on exactly when the advantage estimator needs values (gae)."""
+    megatron: ParallelConfig | None = None
+    """The critic's own layout when it runs on its own pool (trainer.placement.roles.critic);
+    None: the actor's. A colocated critic must use the actor's layout."""
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     ppo_epochs: int = 1
@@ -127,6 +133,43 @@ class RewardConfig:
     timeout_s: float = 10.0
     """A reward call slower than this scores 0 and counts in reward/num_timeout."""
     num_workers: int = 2
+
+
+@dataclass(kw_only=True)
+class RewardModelConfig:
+    """A learned reward model: an HF sequence classifier with one output (num_labels=1).
+
+    It scores the chat-templated prompt text followed by the decoded response, so it
+    must read the policy's chat format. It runs on the pool of
+    ``trainer.placement.roles.reward_model``: the actor's (default: every rank of the
+    actor group, torchrun ranks included, holds a copy and scores its share of the batch)
+    or its own pool (Ray mode: one Ray worker per rank there, each scoring a share).
+    Colocated on GPUs it stays in device memory next to the actor and the rollout engine.
+    """
+
+    enable: bool = False
+    path: str = ""
+    """HF checkpoint directory of the reward model (config.json, weights, tokenizer)."""
+    combine: str = "add"
+    """How the score reaches the batch: ``add`` (rule reward + coef x model score; the
+    rule functions of ``reward`` still run) or ``replace`` (coef x model score only; no
+    rule function runs, so no reward/accuracy)."""
+    coef: float = 1.0
+    """Weight of the model score."""
+    dtype: str = "fp32"
+    """fp32, bf16 or fp16 (bf16 on GPUs)."""
+    max_length: int = 4096
+    """Tokens per scored text; longer texts lose their beginning (the response end is kept)."""
+    micro_batch_size: int = 8
+    """Texts per forward pass on each rank."""
+
+    def __post_init__(self) -> None:
+        if self.combine not in REWARD_MODEL_COMBINE:
+            raise ValueError(f"reward_model.combine={self.combine!r} is not one of {REWARD_MODEL_COMBINE}")
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"reward_model.dtype={self.dtype!r} is not one of ('fp32', 'bf16', 'fp16')")
+        if self.micro_batch_size < 1 or self.max_length < 1:
+            raise ValueError("reward_model.micro_batch_size and reward_model.max_length must be >= 1")
 
 
 @dataclass(kw_only=True)
@@ -167,6 +210,9 @@ class TrainerConfig:
     set it to get perf/mfu. perf/tflops_per_s is always logged."""
     export_hf_at_end: bool = True
     """Write the final actor as an HF checkpoint under default_local_dir/hf."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Resource pools and the pool of each role (Ray mode); default: everything colocated
+    on trainer.nnodes x trainer.nproc ranks. See verl_mp/config/placement.py."""
 
 
 @dataclass(kw_only=True)
@@ -179,4 +225,14 @@ class RootConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def critic_enabled(cfg: RootConfig) -> bool:
+    """critic.enable, or (when unset) whether the advantage estimator needs values."""
+    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+
+
+def critic_layout(cfg: RootConfig) -> ParallelConfig:
+    return cfg.critic.megatron if cfg.critic.megatron is not None else cfg.actor.megatron

@@ -54,14 +54,21 @@ class RewardManager:
     top of the built-in ``DEFAULT_FN_BY_SOURCE``; ``default_fn`` serves any other source.
     A function that raises, returns garbage or runs past ``timeout_s`` gives 0 for that
     sample and is counted in ``reward/num_failed`` / ``reward/num_timeout``. Responses
-    must be decoded text without special tokens. With ``reward_model`` set, each sample's
-    score is rule score + reward-model score of ``prompt + response``.
+    must be decoded text without special tokens.
+
+    Reward-model scores (``score(model_scores=...)``, or computed here from ``prompt +
+    response`` when a ``reward_model`` with ``.score(texts)`` is given) are combined as
+    ``model_combine`` says: ``add`` gives rule score + ``model_coef`` x model score;
+    ``replace`` gives ``model_coef`` x model score and runs no rule function.
     """
 
     def __init__(
         self, fn_by_source: Mapping[str, str] | None = None, default_fn: str | None = None,
         timeout_s: float = 10.0, num_workers: int = 4, reward_model: Any = None,
+        model_combine: str = "add", model_coef: float = 1.0,
     ):
+        if model_combine not in ("add", "replace"):
+            raise ValueError(f"model_combine={model_combine!r} must be 'add' or 'replace'")
         self.fn_names = {**DEFAULT_FN_BY_SOURCE, **(fn_by_source or {})}
         self.default_fn = default_fn
         self._fns = {name: get_reward_fn(name) for name in set(self.fn_names.values())}
@@ -72,6 +79,7 @@ class RewardManager:
                 _check_picklable(name, fn)
         self.executor = RewardExecutor(num_workers=num_workers, timeout_s=timeout_s)
         self.reward_model = reward_model
+        self.model_combine, self.model_coef = model_combine, model_coef
 
     def resolve(self, data_source: str) -> RewardFn:
         """The reward function for a data source; ValueError with the fix if none."""
@@ -92,34 +100,52 @@ class RewardManager:
     def score(
         self, responses: Sequence[str], ground_truths: Sequence[str], data_sources: Sequence[str],
         extra_infos: Sequence[dict[str, Any] | None] | None = None,
-        prompts: Sequence[str] | None = None,
+        prompts: Sequence[str] | None = None, model_scores: torch.Tensor | None = None,
     ) -> RewardResult:
-        """Score B decoded responses; never raises for a failing reward function."""
+        """Score B decoded responses; never raises for a failing reward function.
+
+        ``model_scores`` [B]: reward-model scores computed elsewhere (e.g. by a reward
+        model worker group); otherwise the ``reward_model`` given at construction scores
+        ``prompts[i] + responses[i]``."""
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * len(responses)
         if not len(responses) == len(ground_truths) == len(data_sources) == len(extra_infos):
             raise ValueError("responses, ground_truths, data_sources and extra_infos differ "
                              "in length")
-        calls = [(self.resolve(src), (src, resp, gt, extra))
-                 for resp, gt, src, extra in zip(responses, ground_truths, data_sources,
-                                                 extra_infos, strict=True)]
-        outcomes = self.executor.run(calls)
-        _log_failures(outcomes)
+        if self.model_combine == "add":
+            calls = [(self.resolve(src), (src, resp, gt, extra))
+                     for resp, gt, src, extra in zip(responses, ground_truths, data_sources,
+                                                     extra_infos, strict=True)]
+            outcomes = self.executor.run(calls)
+            _log_failures(outcomes)
+        else:  # replace: no rule function runs
+            outcomes = [Outcome(status="ok", score=0.0) for _ in responses]
         scores = torch.tensor([o.score if o.status == "ok" else 0.0 for o in outcomes],
                               dtype=torch.float32)
         metrics = reduce_metrics(scores, outcomes)
-        if self.reward_model is not None:
-            scores = self._add_model_scores(scores, responses, prompts, metrics)
+        if model_scores is None and self.reward_model is not None:
+            model_scores = self._model_scores(responses, prompts)
+        if model_scores is not None:
+            scores = self._combine(scores, model_scores, metrics)
+        elif self.model_combine == "replace":
+            raise ValueError("model_combine='replace' needs reward-model scores")
         return RewardResult(scores=scores, statuses=[o.status for o in outcomes], metrics=metrics)
 
-    def _add_model_scores(self, scores: torch.Tensor, responses: Sequence[str],
-                          prompts: Sequence[str] | None, metrics: dict[str, float]) -> torch.Tensor:
+    def _model_scores(self, responses: Sequence[str], prompts: Sequence[str] | None) -> torch.Tensor:
         if prompts is None or len(prompts) != len(responses):
             raise ValueError("a reward model needs the prompt text of every response")
-        model_scores = self.reward_model.score([p + r for p, r in zip(prompts, responses,
-                                                                     strict=True)])
-        metrics["reward/model_score/mean"] = model_scores.mean().item()
-        metrics["reward/rule_score/mean"] = scores.mean().item()
-        total = scores + model_scores.float().cpu()
+        return self.reward_model.score([p + r for p, r in zip(prompts, responses, strict=True)])
+
+    def _combine(self, scores: torch.Tensor, model_scores: torch.Tensor,
+                 metrics: dict[str, float]) -> torch.Tensor:
+        model_scores = model_scores.float().cpu()
+        if model_scores.shape != scores.shape:
+            raise ValueError(f"{model_scores.numel()} reward-model scores for {scores.numel()} responses")
+        metrics.update(_stats("reward/model_score", model_scores))
+        if self.model_combine == "add":
+            metrics["reward/rule_score/mean"] = scores.mean().item()
+            total = scores + self.model_coef * model_scores
+        else:
+            total = self.model_coef * model_scores
         metrics.update(_stats("reward/score", total))
         return total
 

@@ -1,8 +1,11 @@
 """The RL driver loop: one call per phase, the same code for Ray and torchrun.
 
-``workers`` is either the Ray worker group (the driver is a separate process) or the
+``workers`` is either the Ray `RoleRouter` over the worker groups (the driver is a separate
+process; each role's calls go to the group hosting it, see ``trainer.placement``) or the
 local hybrid worker (torchrun SPMD: every rank runs this loop; data loading is
 deterministic on every rank, rank 0 scores rewards and broadcasts them, rank 0 logs).
+A reward model, when enabled, is a worker call (collective in SPMD) made before rank 0
+combines its scores with the rule rewards.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from verl_mp.config.loader import to_yaml
 from verl_mp.config.schema import RootConfig
+from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
@@ -75,7 +79,7 @@ class RLTrainer:
             out = self.workers.generate(prompts.input_ids, self._sampling(step))
         batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
         with timer.phase("reward"):
-            metrics.update(self._score(batch, out.response_ids))
+            metrics.update(self._score(batch, prompts, out.response_ids))
         with timer.phase("old_log_prob"):
             batch.old_log_probs = self.workers.compute_log_probs(batch, "actor")
         gap = steps.logprob_gap_metrics(batch)
@@ -116,11 +120,15 @@ class RLTrainer:
         # what the uninterrupted run would have.
         return replace(self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step * 10_007)
 
-    def _score(self, batch: RLBatch, response_ids: list[list[int]]) -> dict[str, float]:
-        result = None
+    def _score(self, batch: RLBatch, prompts: PromptBatch, response_ids: list[list[int]]) -> dict[str, float]:
+        texts = self.inputs.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        model_scores, result = None, None
+        if self.cfg.reward_model.enable:  # the reward model reads chat-templated prompt + response
+            model_scores = self.workers.score_sequences(
+                [prompts.prompts[int(g)] + text for g, text in zip(batch.group_ids, texts, strict=True)])
         if self.is_main:
-            texts = self.inputs.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-            result = self.inputs.reward.score(texts, batch.ground_truths, batch.data_sources)
+            result = self.inputs.reward.score(texts, batch.ground_truths, batch.data_sources,
+                                              model_scores=model_scores)
             result = (result.scores, result.metrics)
         scores, reward_metrics = self.broadcast(result)
         from verl_mp.reward.manager import token_level_rewards
@@ -134,7 +142,7 @@ class RLTrainer:
         greedy = replace(self.cfg.rollout.val_sampling, n=1, temperature=0.0)
         out = self.workers.generate(prompts.input_ids, greedy)
         base = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        self._score(base, out.response_ids)
+        self._score(base, prompts, out.response_ids)
         return (base.token_level_scores.sum(-1)).repeat_interleave(self.cfg.rollout.sampling.n)
 
     def validate(self) -> dict[str, float]:
@@ -144,7 +152,7 @@ class RLTrainer:
         prompts = val.get_batch(list(range(min(len(val), self.cfg.data.val_batch_size))))
         out = self.workers.generate(prompts.input_ids, self.cfg.rollout.val_sampling)
         batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        reward_metrics = self._score(batch, out.response_ids)
+        reward_metrics = self._score(batch, prompts, out.response_ids)
         scores = (batch.token_level_scores).sum(-1)
         metrics = {"val/score/mean": scores.mean().item(),
                    "val/accuracy": reward_metrics.get("reward/accuracy", (scores > 0).float().mean().item()),

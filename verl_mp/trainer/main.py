@@ -46,9 +46,10 @@ def train(args) -> int:
     if args.prepare_only:
         print(config_path)
         return 0
-    if cfg.trainer.nnodes > 1:
-        raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node runs with launch/slurm.sbatch "
-                         "(this command starts ranks on one machine)")
+    if cfg.trainer.launcher == "torchrun" and cfg.trainer.nnodes > 1:
+        raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
+                         "launch/slurm.sbatch (this command starts ranks on one machine), or use "
+                         "trainer.launcher=ray on a Ray cluster (RAY_ADDRESS)")
     if cfg.trainer.launcher == "torchrun":
         from verl_mp.utils.launch import launch_local
 
@@ -62,23 +63,36 @@ def train(args) -> int:
 def _run_ray(cfg) -> None:
     import ray
 
+    from verl_mp.config.placement import resolve_placement
     from verl_mp.trainer.loop import RLTrainer
     from verl_mp.trainer.setup import build_inputs
-    from verl_mp.workers.ray_group import RayWorkerGroup
+    from verl_mp.workers.ray_group import build_ray_workers
 
+    placement = resolve_placement(cfg)
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=max(cfg.trainer.nproc, os.cpu_count() or 1), include_dashboard=False,
-                 log_to_driver=True, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+        _init_ray(cfg, placement)
     try:
-        group = RayWorkerGroup(cfg)
+        workers = build_ray_workers(cfg, placement)
         inputs = build_inputs(cfg, score_rewards=True)
-        RLTrainer(cfg, inputs, group).fit()
+        RLTrainer(cfg, inputs, workers).fit()
         inputs.reward.close()
-        group.shutdown()
+        workers.shutdown()
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _init_ray(cfg, placement) -> None:
+    """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool."""
+    import ray
+
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=runtime_env, log_to_driver=True)
+        return
+    ray.init(num_cpus=max(placement.num_ranks, os.cpu_count() or 1), include_dashboard=False,
+             log_to_driver=True, runtime_env=runtime_env)
 
 
 def _finish(cfg) -> None:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from verl_mp.config.schema import LAUNCHERS, RootConfig
+from verl_mp.config.schema import LAUNCHERS, RootConfig, critic_layout
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ class RunInputs:
     sampler: Any
     """ResumableBatchSampler over ``train``."""
     reward: Any | None
-    """RewardManager (only where rewards are scored: the driver / rank 0)."""
+    """RewardManager (only where rewards are scored: the driver / rank 0). It combines
+    rule rewards with reward-model scores, which the workers compute."""
     pad_token_id: int
 
 
@@ -44,9 +45,13 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
                                     shuffle=cfg.data.shuffle)
     reward = None
     if score_rewards:
+        rm = cfg.reward_model
+        combine = rm.combine if rm.enable else "add"
         reward = RewardManager(fn_by_source=cfg.reward.fn_by_source, default_fn=cfg.reward.default_fn,
-                               timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers)
-        reward.check_sources(train.data_sources | (val.data_sources if val else set()))
+                               timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers,
+                               model_combine=combine, model_coef=rm.coef)
+        if combine == "add":  # rule functions run
+            reward.check_sources(train.data_sources | (val.data_sources if val else set()))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return RunInputs(tokenizer, train, val, sampler, reward, int(pad))
 
@@ -55,6 +60,7 @@ def preflight(cfg: RootConfig) -> None:
     """Every check that can fail before processes start: files, names, layouts, batch sizes."""
     from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
     from verl_mp.config.parallel import validate_layout
+    from verl_mp.config.placement import resolve_placement
     from verl_mp.config.rollout import validate_rollout_layout
     from verl_mp.utils.launch import check_local_ranks
 
@@ -62,6 +68,12 @@ def preflight(cfg: RootConfig) -> None:
     if t.launcher not in LAUNCHERS:
         raise ValueError(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
     check_local_ranks(t.nproc, "trainer.nproc")
+    placement = resolve_placement(cfg)
+    if t.launcher == "ray" and not os.environ.get("RAY_ADDRESS"):  # a local Ray on this machine
+        if placement.multi_node:
+            raise ValueError(f"trainer.placement pools {placement.pools} span several nodes (trainer.nnodes="
+                             f"{t.nnodes}): start a Ray cluster (ray start) and set RAY_ADDRESS")
+        check_local_ranks(placement.num_ranks, "the ranks of all trainer.placement pools together")
     _check_paths(cfg)
     ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]  # unknown names list the valid ones
     POLICY_LOSSES[cfg.actor.policy_loss]
@@ -71,7 +83,49 @@ def preflight(cfg: RootConfig) -> None:
     dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
     validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
     _check_batch_sizes(cfg, dp)
+    _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
+    _check_reward_model(cfg)
+
+
+def _check_critic_layout(cfg: RootConfig, placement, spec) -> None:
+    from verl_mp.config.parallel import validate_layout
+    from verl_mp.trainer.steps import needs_critic
+
+    if not needs_critic(cfg):
+        return
+    if placement.colocated("critic"):
+        if cfg.critic.megatron is not None and cfg.critic.megatron != cfg.actor.megatron:
+            raise ValueError("critic.megatron differs from actor.megatron, but the critic is colocated with the "
+                             "actor (one Megatron layout per process); remove critic.megatron or put the critic "
+                             "on its own pool (trainer.placement.roles.critic)")
+        return
+    world = placement.pool_size("critic")
+    try:
+        dp = validate_layout(critic_layout(cfg), world, spec.shape, prefix="critic.megatron.")
+    except ValueError as err:
+        unset = " (critic.megatron is unset: the actor's layout applies)" if cfg.critic.megatron is None else ""
+        raise ValueError(f"{err}; the critic pool {placement.roles['critic']!r} has {world} ranks{unset}") from None
+    rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n
+    if rows % dp != 0:
+        raise ValueError(f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} x rollout.sampling.n="
+                         f"{cfg.rollout.sampling.n} must be divisible by the critic's data-parallel size {dp} "
+                         f"(pool {placement.roles['critic']!r}); change the critic pool or critic.megatron")
+
+
+def _check_reward_model(cfg: RootConfig) -> None:
+    rm = cfg.reward_model
+    if not rm.enable:
+        return
+    if not rm.path or not os.path.isfile(os.path.join(rm.path, "config.json")):
+        raise ValueError(f"reward_model.path={rm.path!r} is not an HF checkpoint directory (no config.json); "
+                         "give a sequence-classifier checkpoint or set reward_model.enable=false")
+    from transformers import AutoConfig
+
+    num_labels = AutoConfig.from_pretrained(rm.path).num_labels
+    if num_labels != 1:
+        raise ValueError(f"reward_model.path={rm.path!r} has num_labels={num_labels}; a reward model "
+                         "outputs one score (num_labels=1)")
 
 
 def _check_paths(cfg: RootConfig) -> None:

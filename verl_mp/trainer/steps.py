@@ -14,7 +14,7 @@ from verl_mp.algo import (
     apply_kl_penalty,
     explained_variance,
 )
-from verl_mp.config.schema import AlgorithmConfig, RootConfig
+from verl_mp.config.schema import AlgorithmConfig, RootConfig, critic_enabled
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
@@ -31,7 +31,7 @@ _ESTIMATOR_INPUTS = {
 
 
 def needs_critic(cfg: RootConfig) -> bool:
-    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+    return critic_enabled(cfg)
 
 
 def needs_reference(cfg: RootConfig) -> bool:

@@ -1,5 +1,6 @@
 """The colocated "hybrid engine" worker: one per rank, holding this rank's shards of
-the actor, the reference policy, the critic (PPO) and the vLLM rollout engine.
+the actor, the reference policy and the vLLM rollout engine, plus the critic (PPO) and
+the reward model unless `trainer.placement` puts them on their own pools.
 
 A thin shell: it turns `RLBatch` objects into engine inputs (the ``[B, S]``
 next-token layout) and calls the engines. It runs the same under torchrun and inside a
@@ -14,14 +15,17 @@ from dataclasses import replace
 
 import torch
 
+from verl_mp.config.placement import resolve_placement
 from verl_mp.config.schema import RootConfig
-from verl_mp.data.rl_batch import RLBatch, attention_mask, to_positions
-from verl_mp.engine.config import EngineConfig
+from verl_mp.data.rl_batch import RLBatch, attention_mask
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.rollout.weight_sync import make_weight_sync
 from verl_mp.trainer.steps import needs_critic, needs_reference
-from verl_mp.workers.losses import actor_loss, critic_loss
+from verl_mp.workers.critic import CriticWorker
+from verl_mp.workers.engine_role import engine_config, mini_batch_rows, train_epochs
+from verl_mp.workers.losses import actor_loss
+from verl_mp.workers.reward_model import RewardModelWorker, shard
 
 logger = logging.getLogger(__name__)
 
@@ -29,33 +33,22 @@ logger = logging.getLogger(__name__)
 class HybridWorker:
     def __init__(self, cfg: RootConfig):
         self.cfg = cfg
-        self.actor = MegatronEngine(self._engine_config("actor"))
+        self.actor = MegatronEngine(engine_config(cfg, "actor", cfg.actor.megatron))
         self.actor.load_hf()
         self.spec = self.actor.spec
-        self.ref = self.critic = None
+        self.ref = None
         if needs_reference(cfg):
-            self.ref = MegatronEngine(self._engine_config("ref"))
+            self.ref = MegatronEngine(engine_config(cfg, "ref", cfg.actor.megatron))
             self.ref.load_hf()
             self._maybe_offload(self.ref, cfg.ref.offload)
-        if needs_critic(cfg):
-            self.critic = MegatronEngine(self._engine_config("critic"))
-            self.critic.load_hf()
+        # Roles placed on another pool live in their own worker group (workers/ray_group.py).
+        placement = resolve_placement(cfg)
+        self.critic = CriticWorker(cfg) if needs_critic(cfg) and placement.colocated("critic") else None
+        self.reward_model = (RewardModelWorker(cfg) if cfg.reward_model.enable
+                             and placement.colocated("reward_model") else None)
         self.rollout = _build_rollout(cfg, self.spec.num_query_groups)
         self.sync = make_weight_sync(self.spec, self.actor.chunks, self.actor.state,
                                      cfg.rollout.weight_sync_bucket_mb, cfg.rollout.weight_sync_mode, self.rollout)
-
-    def _engine_config(self, role: str) -> EngineConfig:
-        cfg = self.cfg
-        section = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic}[role]
-        epochs = cfg.critic.ppo_epochs if role == "critic" else cfg.actor.ppo_epochs
-        steps_per_rl_step = epochs * (cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size)
-        return EngineConfig(
-            model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=cfg.actor.megatron,
-            optim=section.optim, total_training_steps=max(1, cfg.trainer.total_steps * steps_per_rl_step),
-            micro_batch_size=section.micro_batch_size,
-            max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
-            attention_backend="auto", seed=cfg.trainer.seed,
-        )
 
     # -- rollout ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling) -> RolloutOutput:
@@ -91,52 +84,41 @@ class HybridWorker:
         return batch.gather_response(lp)
 
     def compute_values(self, batch: RLBatch) -> torch.Tensor:
-        values = self.critic.compute_values(batch.input_ids, attention_mask(batch))
-        return batch.gather_response(values)
+        return self._hosted(self.critic, "critic").compute_values(batch)
+
+    def score_sequences(self, texts: list[str]) -> torch.Tensor:
+        """[len(texts)] reward-model scores: each rank scores its share, all ranks get all."""
+        import torch.distributed as dist
+
+        scorer = self._hosted(self.reward_model, "reward_model")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        parts: list = [None] * world
+        dist.all_gather_object(parts, scorer.score(shard(texts, rank, world)))
+        return torch.cat(parts)
 
     # -- updates ----------------------------------------------------------------------------
     def update_actor(self, batch: RLBatch) -> dict[str, float]:
         cfg = self.cfg.actor
         batch.require("old_log_probs", "advantages")
         fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if cfg.use_kl_loss else [])
-        return self._update(self.actor, batch, fields, cfg.ppo_epochs, "actor",
-                            lambda g, s, t: actor_loss(cfg, g, s, t), with_entropy=cfg.entropy_coeff != 0)
+        return train_epochs(self.actor, batch, fields, epochs=cfg.ppo_epochs,
+                            mini_batch_size=mini_batch_rows(self.cfg), prefix="actor",
+                            make_loss=lambda g, s, t: actor_loss(cfg, g, s, t),
+                            temperature=self._temperature(), with_entropy=cfg.entropy_coeff != 0)
 
     def update_critic(self, batch: RLBatch) -> dict[str, float]:
-        batch.require("values", "returns")
-        cfg = self.cfg.critic
-        return self._update(self.critic, batch, ["values", "returns"], cfg.ppo_epochs, "critic",
-                            lambda g, s, t: critic_loss(cfg, g, s, t))
-
-    def _update(self, engine, batch: RLBatch, fields, epochs: int, prefix: str, make_loss, with_entropy=False):
-        mini = self.cfg.actor.ppo_mini_batch_size * self.cfg.rollout.sampling.n
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(epochs):
-            for part in batch.chunks(mini):
-                inputs = {"input_ids": part.input_ids, "attention_mask": attention_mask(part),
-                          "response_mask": to_positions(part, part.response_mask)}
-                inputs.update({f: to_positions(part, getattr(part, f)) for f in fields})
-                global_tokens = float(part.response_mask.sum().clamp(min=1))
-                global_seqs = float((part.response_lengths > 0).sum().clamp(min=1))
-                loss_fn = make_loss(global_tokens, global_seqs, part.responses.shape[1])
-                kwargs = {"temperature": self._temperature(), "with_entropy": with_entropy} if prefix == "actor" else {}
-                m = engine.train_step(inputs, loss_fn, **kwargs)
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        return {f"{prefix}/{k}": v / max(count, 1) for k, v in sums.items()}
+        return self._hosted(self.critic, "critic").update_critic(batch)
 
     # -- state ------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         self.actor.save_checkpoint(os.path.join(directory, "actor"))
         if self.critic is not None:
-            self.critic.save_checkpoint(os.path.join(directory, "critic"))
+            self.critic.save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str) -> None:
         self.actor.load_checkpoint(os.path.join(directory, "actor"))
         if self.critic is not None:
-            self.critic.load_checkpoint(os.path.join(directory, "critic"))
+            self.critic.load_checkpoint(directory)
 
     def export_hf(self, directory: str) -> None:
         self.actor.export_hf(directory)
@@ -156,6 +138,12 @@ class HybridWorker:
     def _temperature(self) -> float:
         t = self.cfg.rollout.sampling.temperature
         return t if t > 0 else 1.0
+
+    @staticmethod
+    def _hosted(worker, role: str):
+        if worker is None:
+            raise ValueError(f"this worker hosts no {role} (disabled, or placed on its own pool)")
+        return worker
 
     @staticmethod
     def _maybe_offload(engine, enabled: bool) -> None:

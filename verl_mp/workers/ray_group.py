@@ -1,23 +1,47 @@
-"""Ray single-controller mode: one Ray actor per rank, each hosting a `HybridWorker`.
+"""Ray single-controller mode: one Ray worker group per pool, one Ray actor per rank.
 
-The driver calls a method on every actor (they run it collectively, like torchrun
-ranks) and takes the result of rank 0 (every rank returns the same gathered result).
+`build_ray_workers` reads ``trainer.placement`` and starts a group for actor_rollout_ref
+(`HybridWorker`: actor + reference + vLLM rollout, plus any role colocated with them),
+and one for each role placed on a pool of its own: the critic (`CriticWorker`) and the
+reward model (`RewardModelWorker`). A `RoleRouter` sends each call to its role's group.
 
-Placement: one placement group with a bundle per rank (1 CPU, plus 1 GPU when the
-cluster has GPUs), packed onto as few nodes as possible; all engines of a rank are
-colocated in its actor (the hybrid engine). Start-up is two-phase so that it also works
-on a multi-node Ray cluster: actors are created first, rank 0 reports its node address
-and a free port, then every actor joins one torch.distributed world at that address.
+Placement: a pool's ranks are one placement group per node entry of the pool (STRICT_PACK:
+``[8, 8]`` is two groups of 8 bundles, each on one node); a bundle is 1 CPU, plus 1 GPU
+when the cluster has GPUs. Start-up is two-phase so that it also works on a multi-node
+Ray cluster: actors are created first, rank 0 reports its node address and a free port,
+then every actor of the group joins that group's own torch.distributed world there (so a
+split critic has its own world and its own Megatron layout).
+
+Dispatch and collection (`RayWorkerGroup.__getattr__`), implicitly by DP rank and from
+the output ranks: every rank receives the whole batch; each engine takes its own
+data-parallel share itself (Megatron: by DP rank; vLLM: by rollout DP rank) and gathers
+the results back onto every rank (Megatron: the last pipeline stage's outputs are
+all-gathered over DP and broadcast along PP; train-step metrics are reduced over ranks).
+So every rank ends with the full result that TP rank 0 of the last stage computed; only
+rank 0 sends its copy to the driver, the others return None (their calls are still
+awaited, so an error on any rank surfaces). The cost of this simplicity: the driver sends
+the whole batch to every rank. `RayWorkerGroup.scatter` is the other mode, for per-item
+work without collectives (reward-model scoring): rank r gets the r-th contiguous share of
+the items, and every share comes back.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
+from verl_mp.config.placement import Placement, resolve_placement
 from verl_mp.config.schema import RootConfig
+from verl_mp.workers.router import RoleRouter
 
 logger = logging.getLogger(__name__)
+
+_WORKER_CLASSES = {
+    "actor_rollout_ref": ("verl_mp.workers.hybrid", "HybridWorker"),
+    "critic": ("verl_mp.workers.critic", "CriticWorker"),
+    "reward_model": ("verl_mp.workers.reward_model", "RewardModelWorker"),
+}
 
 
 def _actor_class():
@@ -25,8 +49,8 @@ def _actor_class():
 
     @ray.remote
     class _RankActor:
-        def __init__(self, rank: int, world: int):
-            self.rank, self.world, self.worker = rank, world, None
+        def __init__(self, rank: int, world: int, local_rank: int):
+            self.rank, self.world, self.local_rank, self.worker = rank, world, local_rank, None
 
         def address(self) -> tuple[str, int]:
             from ray.util import get_node_ip_address
@@ -35,55 +59,71 @@ def _actor_class():
 
             return get_node_ip_address(), free_port()
 
-        def start(self, cfg: RootConfig, master_addr: str, master_port: int) -> bool:
-            use_gpu = bool(ray.get_gpu_ids())
+        def start(self, role: str, cfg: RootConfig, master_addr: str, master_port: int) -> bool:
+            import importlib
+
+            use_gpu = bool(ray.get_gpu_ids())  # Ray makes the rank's one GPU visible as cuda:0
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world),
-                              LOCAL_RANK="0" if use_gpu else str(self.rank),
+                              LOCAL_RANK="0" if use_gpu else str(self.local_rank),
                               MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
             os.environ.setdefault("OMP_NUM_THREADS", "1")
-            from verl_mp.workers.hybrid import HybridWorker
-
-            self.worker = HybridWorker(cfg)
+            module, name = _WORKER_CLASSES[role]
+            self.worker = getattr(importlib.import_module(module), name)(cfg)
             return True
 
         def execute(self, method: str, *args, **kwargs):
-            return getattr(self.worker, method)(*args, **kwargs)
+            result = getattr(self.worker, method)(*args, **kwargs)
+            return result if self.rank == 0 else None
+
+        def execute_shard(self, method: str, items: list):
+            from verl_mp.workers.reward_model import shard
+
+            return getattr(self.worker, method)(shard(items, self.rank, self.world))
 
     return _RankActor
 
 
 class RayWorkerGroup:
-    """Fans each call out to all rank actors; returns rank 0's result."""
+    """The Ray actors of one role on one pool (``node_counts``: ranks per node)."""
 
-    def __init__(self, cfg: RootConfig):
+    def __init__(self, cfg: RootConfig, role: str, node_counts: list[int]):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        n = cfg.trainer.world_size
+        self.role, self.world_size = role, sum(node_counts)
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
         bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.pg = placement_group([bundle] * n, strategy="PACK")
-        ray.get(self.pg.ready())
+        self.pgs = [placement_group([bundle] * n, strategy="STRICT_PACK") for n in node_counts]
+        ray.get([pg.ready() for pg in self.pgs])
         actor = _actor_class()
-        self.actors = [
-            actor.options(num_cpus=1, num_gpus=1 if use_gpu else 0,
-                          scheduling_strategy=PlacementGroupSchedulingStrategy(
-                              placement_group=self.pg, placement_group_bundle_index=r)).remote(r, n)
-            for r in range(n)
-        ]
+        self.actors = []
+        for pg, n in zip(self.pgs, node_counts, strict=True):
+            for local in range(n):
+                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=local)
+                self.actors.append(actor.options(num_cpus=1, num_gpus=1 if use_gpu else 0,
+                                                 scheduling_strategy=strategy)
+                                   .remote(len(self.actors), self.world_size, local))
         addr, port = ray.get(self.actors[0].address.remote())
-        ray.get([a.start.remote(cfg, addr, port) for a in self.actors])  # surfaces build errors
+        ray.get([a.start.remote(role, cfg, addr, port) for a in self.actors])  # surfaces build errors
+
+    def __getattr__(self, method: str):
+        """``group.method(...)``: a collective call on every rank; rank 0's result."""
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
 
     def _call(self, method: str, *args, **kwargs):
         import ray
 
         return ray.get([a.execute.remote(method, *args, **kwargs) for a in self.actors])[0]
 
-    def __getattr__(self, method: str):
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
+    def scatter(self, method: str, items: list) -> list[Any]:
+        """Rank r runs ``method`` on the r-th contiguous share of ``items``; the results in
+        rank order."""
+        import ray
+
+        return ray.get([a.execute_shard.remote(method, items) for a in self.actors])
 
     def shutdown(self) -> None:
         import ray
@@ -91,4 +131,26 @@ class RayWorkerGroup:
 
         for a in self.actors:
             ray.kill(a)
-        remove_placement_group(self.pg)
+        for pg in self.pgs:
+            remove_placement_group(pg)
+
+
+def build_ray_workers(cfg: RootConfig, placement: Placement | None = None) -> RoleRouter:
+    """One group per pool that hosts a role of this run; roles on the actor's pool are
+    colocated in its HybridWorker processes."""
+    from verl_mp.trainer.steps import needs_critic
+
+    placement = placement or resolve_placement(cfg)
+    groups: dict[str, RayWorkerGroup] = {}
+    try:
+        groups["actor_rollout_ref"] = RayWorkerGroup(cfg, "actor_rollout_ref", placement.node_counts("actor_rollout_ref"))
+        for role, enabled in (("critic", needs_critic(cfg)), ("reward_model", cfg.reward_model.enable)):
+            if enabled and not placement.colocated(role):
+                logger.info("%s on its own pool %r: %s ranks", role, placement.roles[role], placement.node_counts(role))
+                groups[role] = RayWorkerGroup(cfg, role, placement.node_counts(role))
+    except BaseException:
+        for group in groups.values():
+            group.shutdown()
+        raise
+    return RoleRouter(groups["actor_rollout_ref"], critic=groups.get("critic"),
+                      reward_model=groups.get("reward_model"))
