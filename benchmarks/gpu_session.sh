@@ -5,6 +5,8 @@
 #           run the gpu tests (colocated local sync, sleep/wake) at TP 1 and 2 and time the
 #           1-GPU weight syncs (1.5B and 7B shapes, gather and local modes).
 #   bench2: (right after main, same carry) the 2-GPU weight syncs; EXTRA_TESTS=... more gpu tests.
+#   train : (after stash, same carry as main) the fused-kernel engine test, a 3-step GRPO run of
+#           the real trainer on 1 GPU (benchmarks/gpu_grpo.sh), the 7B 1-GPU sync.
 # Logs and JSON results go to $OUT.
 set -uo pipefail
 phase=${1:?usage: gpu_session.sh stash|main}
@@ -53,6 +55,17 @@ run_bench2() {  # the 2-GPU syncs, plus any extra GPU tests named in $EXTRA_TEST
   fi
 }
 
+run_train() {  # the fused-kernel engine test, a GRPO run of the real trainer on 1 GPU, the 7B sync again
+  setup_python
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_kernel_gpu.py \
+    -s > "$OUT/gpu_kernel.log" 2>&1; echo "kernel test rc=$?"
+  grep -E "^[{]|ms|GiB|passed|failed|Error" "$OUT/gpu_kernel.log" | cut -c1-300 | tail -8
+  CUDA_VISIBLE_DEVICES=0 timeout 330 bash benchmarks/gpu_grpo.sh "$OUT/grpo" > "$OUT/grpo.log" 2>&1
+  echo "grpo rc=$?"; grep -E "step [0-9]|Error|error:" "$OUT/grpo.log" | cut -c1-400 | tail -8
+  bench 7b 1 0
+}
+
 case "$phase" in
   quick)  # tight budget: the 1-GPU test on GPU 0 while GPU 1 times the sync
     setup_python
@@ -68,5 +81,6 @@ case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   main) run_main ;;
   bench2) run_bench2 ;;
+  train) run_train ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
