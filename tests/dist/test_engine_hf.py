@@ -143,3 +143,4 @@ def test_checkpoint_saved_at_tp2_resumes_at_other_layouts(env):
 def test_offload_frees_and_restores_exactly(env):
     off = env["results"][(2, 1)]["offload"]
     assert off["freed"] > 0 and off["refused"] and off["diff"] == 0.0
+    assert off["ref_freed"] > 0 and off["ref_diff"] == 0.0  # unwrapped reference policy too

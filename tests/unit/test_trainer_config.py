@@ -43,9 +43,11 @@ def nothing_starts(monkeypatch):
     ("actor.ppo_mini_batch_size=3", r"data.train_batch_size=8 must be a multiple of actor.ppo_mini_batch_size=3"),
     ("trainer.launcher=mpi", r"trainer.launcher='mpi' is not one of"),
     ("trainer.nproc=64", r"trainer.nproc=64 asks for more ranks"),
+    ("rollout.weight_sync_mode=fast", r"rollout.weight_sync_mode='fast' is not one of \('auto', 'gather', 'local'\)"),
+    ("rollout.backend=hf rollout.weight_sync_mode=local", r"weight_sync_mode=local needs rollout.backend=vllm"),
 ])
 def test_preflight_refuses(inputs, nothing_starts, capsys, override, message):
-    rc = trainer_main.main(["--config-name", "grpo", *inputs, override])
+    rc = trainer_main.main(["--config-name", "grpo", *inputs, *override.split()])
     assert rc == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err

@@ -45,16 +45,23 @@ class StorageOffloader:
         self._saved.clear()
 
 
+def _ddp_buffers(chunk) -> list:
+    """megatron DDP's list of contiguous param/grad buffers; [] for an unwrapped module (whose
+    ``buffers`` is nn.Module's method, e.g. a reference policy without an optimizer)."""
+    buffers = getattr(chunk, "buffers", None)
+    return list(buffers) if isinstance(buffers, (list, tuple)) else []
+
+
 def grad_buffer_tensors(chunks: list) -> list[torch.Tensor]:
     """The contiguous gradient buffers of megatron-DDP-wrapped chunks."""
-    return [buf.grad_data for c in chunks for buf in getattr(c, "buffers", []) if buf.grad_data is not None]
+    return [buf.grad_data for c in chunks for buf in _ddp_buffers(c) if buf.grad_data is not None]
 
 
 def param_tensors(chunks: list) -> list[torch.Tensor]:
     """Contiguous DDP parameter buffers when wrapped, else every parameter."""
     tensors = []
     for chunk in chunks:
-        buffers = getattr(chunk, "buffers", None)
+        buffers = _ddp_buffers(chunk)
         if buffers:
             tensors += [buf.param_data for buf in buffers if buf.param_data is not None]
         else:

@@ -61,7 +61,7 @@ def preflight(cfg: RootConfig) -> None:
     from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
     from verl_mp.config.parallel import validate_layout
     from verl_mp.config.placement import resolve_placement
-    from verl_mp.config.rollout import validate_rollout_layout
+    from verl_mp.config.rollout import validate_rollout_layout, validate_sync_mode
     from verl_mp.utils.launch import check_local_ranks
 
     t = cfg.trainer
@@ -82,6 +82,9 @@ def preflight(cfg: RootConfig) -> None:
     spec = _model_spec(cfg.model.path)
     dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
     validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
+    # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
+    validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
+                       cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)

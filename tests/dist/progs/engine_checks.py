@@ -152,8 +152,14 @@ class Runner:
         except RuntimeError:
             refused = True
         engine.onload()
+        # a reference policy (no DDP wrapper, no optimizer) offloads its plain parameters
+        ref = self.engine("qwen2", role="ref", dtype="bf16")
+        ref_before = self.lp(ref)
+        ref_freed = ref.offload(params=True)
+        ref.onload()
         self.results["offload"] = dict(freed=freed, refused=refused,
-                                       diff=float((self.lp(engine) - before).abs().max()))
+                                       diff=float((self.lp(engine) - before).abs().max()),
+                                       ref_freed=ref_freed, ref_diff=float((self.lp(ref) - ref_before).abs().max()))
 
 
 def main():
