@@ -55,7 +55,8 @@ class VLLMRollout:
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = LLM(**kwargs)
-        self._asleep = False
+        self._sleeping: set[str] = set()
+        """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
@@ -138,20 +139,32 @@ class VLLMRollout:
         return self.llm.collective_rpc(rank)[0]
 
     def sleep(self) -> None:
+        """Release vLLM's device memory (level ``rollout.sleep_level``). vLLM sleeps only a
+        fully awake engine, so a partly awake one (weights woken for a sync) wakes the rest
+        first."""
         if not torch.cuda.is_available():
             _log_once("vLLM sleep/wake is a no-op on CPU (no device memory to hand over)")
             return
-        if not self._asleep:
-            self.llm.sleep(level=self.cfg.sleep_level)
-            self._asleep = True
+        if self._sleeping == set(_SLEEP_TAGS):
+            return
+        if self._sleeping:
+            self.llm.wake_up(tags=[t for t in _SLEEP_TAGS if t in self._sleeping])
+        self.llm.sleep(level=self.cfg.sleep_level)
+        self._sleeping = set(_SLEEP_TAGS)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        """Wake (all, or only ``["weights"]`` before a sync and ``["kv_cache"]`` after)."""
-        if not torch.cuda.is_available() or not self._asleep:
+        """Wake what is asleep of ``tags`` (all by default): ``["weights"]`` before a sync,
+        the rest (the KV cache) when generation starts."""
+        if not torch.cuda.is_available():
             return
-        self.llm.wake_up(tags=tags) if tags else self.llm.wake_up()
-        if not tags or "kv_cache" in tags:
-            self._asleep = False
+        wanted = [t for t in _SLEEP_TAGS if t in self._sleeping and (tags is None or t in tags)]
+        if wanted:
+            self.llm.wake_up(tags=wanted)
+            self._sleeping -= set(wanted)
+
+
+_SLEEP_TAGS = ("weights", "kv_cache")
+"""vLLM's sleep-mode memory tags, in the order to wake them (weights first)."""
 
 
 def _unpack(request_output) -> list[tuple[list[int], list[float], bool]]:

@@ -60,10 +60,10 @@ class HybridWorker:
         return out
 
     def sync_weights(self) -> dict[str, float]:
-        """Actor shards -> rollout engine (bucketed), then a fresh KV cache."""
+        """Actor shards -> rollout engine (bucketed; the prefix cache is reset). The weights
+        stay awake; the KV cache wakes when generation starts."""
         self.rollout.wake_up(["weights"])
         self.rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
-        self.rollout.sleep()
         stats = self.sync.last_stats
         return {"rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
