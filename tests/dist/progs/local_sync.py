@@ -10,7 +10,8 @@ HF tensors (from the ``gather`` sync) by vLLM's documented TP rules:
 - ``embed_tokens`` / ``lm_head``: rows ``[r * R, (r + 1) * R)`` of the vocabulary zero-padded
   to a multiple of 64, ``R = padded / tp``;
 - everything else whole.
-Writes JSON: per architecture the largest difference, the tensor counts, the shapes
+The ``gather`` sync's full HF tensors themselves must equal the (untrained) checkpoint's,
+bit for bit. Writes JSON: per architecture the largest difference, the tensor counts, the shapes
 `planned_shapes` promised, and the sync's TP-gather bytes and memory high-water mark.
 """
 
@@ -58,20 +59,34 @@ def expected_vllm_shards(hf: dict[str, torch.Tensor], spec, r: int, tp: int) -> 
     return out
 
 
+def load_checkpoint_tensors(path: str) -> dict[str, torch.Tensor]:
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--pp", type=int, required=True)
     p.add_argument("--models", required=True, help="folder with one tiny checkpoint per architecture")
+    p.add_argument("--vpp", type=int, default=None, help="virtual pipeline chunks per stage")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     results = {}
     for arch in ARCHS:
         path = f"{a.models}/{arch}"
-        parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
+        parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                                  virtual_pipeline_model_parallel_size=a.vpp)
         engine = MegatronEngine(EngineConfig(model_path=path, role="ref", parallel=parallel, micro_batch_size=2))
         engine.load_hf()
         full = dict(WeightSync(engine.spec, engine.chunks, engine.state, 1, "gather").iter_weights())
+        original = load_checkpoint_tensors(path)  # the model is untrained: the gather sync must equal it
         local_sync = WeightSync(engine.spec, engine.chunks, engine.state, 0.1, "local")  # several buckets
         planned = local_sync.planned_shapes()
         got = {n: t.clone() for n, t in local_sync.iter_weights()}
@@ -83,6 +98,8 @@ def main() -> None:
                                       for i in local_sync.infos
                                       if i.tp_dim is not None and i.global_name in vocab_names), default=0)
         row = {
+            "gather_equals_checkpoint": sorted(full) == sorted(original)
+            and all(torch.equal(full[n], original[n]) for n in original),
             "names_equal": sorted(got) == sorted(want),
             "missing": sorted(set(want) - set(got))[:5], "extra": sorted(set(got) - set(want))[:5],
             "max_abs_diff": max((float((got[n] - want[n]).abs().max()) if got[n].shape == want[n].shape
