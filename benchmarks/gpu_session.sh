@@ -5,8 +5,9 @@
 #           run the gpu tests (colocated local sync, sleep/wake) at TP 1 and 2 and time the
 #           1-GPU weight syncs (1.5B and 7B shapes, gather and local modes).
 #   bench2: (right after main, same carry) the 2-GPU weight syncs; EXTRA_TESTS=... more gpu tests.
-#   train : (after stash, same carry as main) the fused-kernel engine test, a 3-step GRPO run of
-#           the real trainer on 1 GPU (benchmarks/gpu_grpo.sh), the 7B 1-GPU sync.
+#   train : (after stash, same carry as main) the fused-kernel engine test, a 4-step GRPO run of
+#           the real trainer (benchmarks/gpu_grpo.sh; GRPO_GPUS=0,1 SIZE=1.5b NPROC=2 TP=2 for
+#           two GPUs), the 7B 1-GPU sync; SKIP_KERNEL=1 / SKIP_BENCH=1 leave parts out.
 # Logs and JSON results go to $OUT.
 set -uo pipefail
 phase=${1:?usage: gpu_session.sh stash|main}
@@ -63,7 +64,7 @@ run_train() {  # the fused-kernel engine test, a GRPO run of the real trainer on
       -s > "$OUT/gpu_kernel.log" 2>&1; echo "kernel test rc=$?"
     grep -E "^[{]|ms|GiB|passed|failed|Error" "$OUT/gpu_kernel.log" | cut -c1-300 | tail -8
   fi
-  CUDA_VISIBLE_DEVICES=0 timeout 330 bash benchmarks/gpu_grpo.sh "$OUT/grpo" > "$OUT/grpo.log" 2>&1
+  CUDA_VISIBLE_DEVICES=${GRPO_GPUS:-0} timeout 330 bash benchmarks/gpu_grpo.sh "$OUT/grpo" > "$OUT/grpo.log" 2>&1
   echo "grpo rc=$?"; grep -E "step [0-9]|Error|error:" "$OUT/grpo.log" | cut -c1-400 | tail -8
   [ -n "${SKIP_BENCH:-}" ] || bench 7b 1 0
 }
