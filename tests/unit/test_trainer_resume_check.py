@@ -71,7 +71,8 @@ def test_same_run_resumes_despite_execution_changes(tmp_path, saved_run):
     # longer run, another layout and rank count, another launcher: still the same run
     cfg = make_cfg(tmp_path, tmp_path / "model", "trainer.total_steps=50", "trainer.max_steps_this_run=3",
                    "actor.megatron.tensor_model_parallel_size=1", "rollout.tensor_model_parallel_size=1",
-                   "trainer.nproc=1", "trainer.launcher=torchrun", "data.val_batch_size=8")
+                   "trainer.nproc=1", "trainer.launcher=torchrun", "data.val_batch_size=8",
+                   "rollout.weight_sync_mode=gather")
     preflight_resume(cfg)
     t = trainer(cfg)
     assert t.resume() == 2 and t.workers.loaded == [str(ckpt)]

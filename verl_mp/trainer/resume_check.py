@@ -45,6 +45,7 @@ MAY_DIFFER = (
     "ref.optim.*",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.load_format", "rollout.sleep_level", "rollout.weight_sync_bucket_mb",
+    "rollout.weight_sync_mode",
     "rollout.logprob_diff_threshold", "rollout.val_sampling.*",
     "data.val_files", "data.val_batch_size", "reward.num_workers", "reward.timeout_s",
 )
