@@ -58,6 +58,12 @@ def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    # torchrun puts ranks in sessions of their own: they must notice the launcher is gone
+    # and die (verl_mp.utils.launch.exit_with_launcher), not train on.
+    deadline = time.time() + 20
+    while _processes_mentioning(str(out)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _processes_mentioning(str(out)), "ranks survived the SIGKILL of their launcher"
     ckpts = out / "checkpoints"
     assert (ckpts / "global_step_1" / "meta.json").exists()
     assert not (ckpts / "global_step_2").exists()  # the half-written one never looks complete
@@ -68,3 +74,18 @@ def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
     assert {1, 2, 3} <= steps
     assert (ckpts / "global_step_3" / "meta.json").exists()
     assert not staging.exists()
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains ``text`` (Linux /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids

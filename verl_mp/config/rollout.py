@@ -21,7 +21,13 @@ class SamplingConfig:
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra stop tokens besides the tokenizer's EOS."""
     seed: int | None = None
-    """Per-request seed base (request i uses seed + i); None draws from the engine's RNG."""
+    """Makes sampling reproducible (the trainer sets it per step, so a resumed run samples
+    what the uninterrupted run did); None draws from the engine's RNG."""
+    seed_scope: str = "batch"
+    """``batch``: the engine's RNG is seeded once per generate call (vLLM samples all
+    requests in one batched op; results depend on the rollout layout and batch).
+    ``request``: request i gets its own generator seeded ``seed + i`` (independent of the
+    layout, but vLLM then draws request by request, which slows decoding of large batches)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -30,6 +36,8 @@ class SamplingConfig:
             raise ValueError(f"rollout.sampling.temperature={self.temperature} must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.sampling.top_p={self.top_p} must be in (0, 1]")
+        if self.seed_scope not in ("batch", "request"):
+            raise ValueError(f"rollout.sampling.seed_scope={self.seed_scope!r} is not one of ('batch', 'request')")
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
 

@@ -9,6 +9,7 @@ results are all-gathered, so every rank returns the same `RolloutOutput`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterable
@@ -66,8 +67,10 @@ class VLLMRollout:
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         params = [self._params(sampling, i) for i in mine]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
-                                 params, use_tqdm=False) if mine else []
+        batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
+        with _seeded_rng(batch_seed):
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
+                                     params, use_tqdm=False) if mine else []
         local = {i: _unpack(out) for i, out in zip(mine, outs, strict=True)}
         merged = self._gather(local)
         resp, lps, fin = [], [], []
@@ -89,7 +92,7 @@ class VLLMRollout:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1: disabled in 0.26..0.32
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
-            seed=None if sampling.seed is None else sampling.seed + index,
+            seed=sampling.seed + index if sampling.seed is not None and sampling.seed_scope == "request" else None,
             logprobs=0,
         )
 
@@ -165,6 +168,19 @@ class VLLMRollout:
 
 _SLEEP_TAGS = ("weights", "kv_cache")
 """vLLM's sleep-mode memory tags, in the order to wake them (weights first)."""
+
+
+@contextlib.contextmanager
+def _seeded_rng(seed: int | None):
+    """Seed torch's global RNG (this process hosts the vLLM worker, which samples with it)
+    for the block, restoring the previous state afterwards so training's RNG is untouched."""
+    if seed is None:
+        yield
+        return
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def _unpack(request_output) -> list[tuple[list[int], list[float], bool]]:

@@ -27,6 +27,9 @@ def run(config_path: str) -> None:
     from verl_mp.trainer.setup import build_inputs
     from verl_mp.workers.hybrid import HybridWorker
 
+    from verl_mp.utils.launch import exit_with_launcher
+
+    exit_with_launcher()
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(config_path)))
     init_distributed()
     rank = dist.get_rank()

@@ -95,3 +95,25 @@ def launch_local(
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
     return result
+
+
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Kill this rank when its launcher dies.
+
+    torchrun starts each rank in a session of its own, so a SIGKILL of the launcher (or of
+    `verl-mp train`) does not reach the ranks: they would train on, holding devices and
+    writing checkpoints. A daemon thread watches the parent process and kills this rank as
+    soon as it is re-parented.
+    """
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logger.error("launcher (pid %d) is gone; stopping rank pid %d", parent, os.getpid())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
