@@ -45,6 +45,7 @@ def nothing_starts(monkeypatch):
     ("trainer.nproc=64", r"trainer.nproc=64 asks for more ranks"),
     ("rollout.weight_sync_mode=fast", r"rollout.weight_sync_mode='fast' is not one of \('auto', 'gather', 'local'\)"),
     ("rollout.backend=hf rollout.weight_sync_mode=local", r"weight_sync_mode=local needs rollout.backend=vllm"),
+    ("rollout.sampling.seed_scope=prompt", r"rollout.sampling.seed_scope='prompt' is not one of \('batch', 'request'\)"),
 ])
 def test_preflight_refuses(inputs, nothing_starts, capsys, override, message):
     rc = trainer_main.main(["--config-name", "grpo", *inputs, *override.split()])
