@@ -11,28 +11,6 @@ from verl_mp.trainer import main as trainer_main
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.models.tiny import save_tiny_qwen2
-
-    root = tmp_path_factory.mktemp("cfg")
-    model = save_tiny_qwen2(root / "model")
-    train, _ = write_synthetic_dataset(root / "data", num_train=64, num_test=8)
-    return [f"model.path={model}", f"data.train_files=[{train}]", "rollout.max_model_len=128",
-            "rollout.val_sampling.max_new_tokens=16", "rollout.sampling.max_new_tokens=16",
-            "data.max_prompt_length=64", f"trainer.default_local_dir={root / 'out'}"]
-
-
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    def forbidden(*a, **k):
-        raise AssertionError("a process was started despite invalid input")
-
-    monkeypatch.setattr("verl_mp.utils.launch.launch_local", forbidden)
-    monkeypatch.setattr(trainer_main, "_run_ray", forbidden)
-
-
 @pytest.mark.parametrize("override,message", [
     ("algorithm.adv_estimator=foo", r"unknown advantage estimator 'foo'; valid names: .*gae.*grpo"),
     ("actor.policy_loss=bar", r"unknown policy loss 'bar'; valid names: .*ppo"),
