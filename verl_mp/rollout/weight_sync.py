@@ -86,7 +86,8 @@ class SyncStats:
 
 
 class WeightSync:
-    def __init__(self, spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: int, mode: str = "gather"):
+    def __init__(self, spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: float,
+                 mode: str = "gather"):
         if mode not in ("gather", "local"):
             raise ValueError(f"WeightSync mode {mode!r} must be 'gather' or 'local' (see make_weight_sync)")
         self.spec = spec
@@ -233,7 +234,7 @@ def _dominant_dtype(stage_entries: list[list[_Entry]]) -> torch.dtype:
     return max(sorted(totals, key=str), key=lambda d: totals[d])
 
 
-def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: int, requested: str,
+def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: float, requested: str,
                      rollout) -> WeightSync:
     """Choose the sync mode (collectively: every rank takes the same one) and build it.
 
