@@ -91,8 +91,10 @@ def _init_ray(cfg, placement) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env, log_to_driver=True)
         return
-    ray.init(num_cpus=max(placement.num_ranks, os.cpu_count() or 1), include_dashboard=False,
-             log_to_driver=True, runtime_env=runtime_env)
+    # address="local": without it, ray.init joins the cluster that `ray start` last started on
+    # this machine (it finds its address file) and then refuses num_cpus.
+    ray.init(address="local", num_cpus=max(placement.num_ranks, os.cpu_count() or 1),
+             include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
 
 
 def _finish(cfg) -> None:

@@ -5,12 +5,14 @@
 and one for each role placed on a pool of its own: the critic (`CriticWorker`) and the
 reward model (`RewardModelWorker`). A `RoleRouter` sends each call to its role's group.
 
-Placement: a pool's ranks are one placement group per node entry of the pool (STRICT_PACK:
-``[8, 8]`` is two groups of 8 bundles, each on one node); a bundle is 1 CPU, plus 1 GPU
-when the cluster has GPUs. Start-up is two-phase so that it also works on a multi-node
-Ray cluster: actors are created first, rank 0 reports its node address and a free port,
-then every actor of the group joins that group's own torch.distributed world there (so a
-split critic has its own world and its own Megatron layout).
+Placement: a pool is one placement group with one bundle per node entry, and STRICT_SPREAD
+puts every bundle on a node of its own: ``[8, 8]`` is two bundles of 8 CPUs (+ 8 GPUs when
+the cluster has GPUs) on two different nodes. Each rank's actor takes 1 CPU (+ 1 GPU) of
+its node's bundle. Ranks are numbered node entry by node entry. Start-up is two-phase so
+that it also works on a multi-node Ray cluster: actors are created first, rank 0 reports
+its node address and a free port, then every actor of the group joins that group's own
+torch.distributed world there (so a split critic has its own world and its own Megatron
+layout); each rank's Ray node id is logged.
 
 Dispatch and collection (`RayWorkerGroup.__getattr__`), implicitly by DP rank and from
 the output ranks: every rank receives the whole batch; each engine takes its own
@@ -37,6 +39,9 @@ from verl_mp.workers.router import RoleRouter
 
 logger = logging.getLogger(__name__)
 
+PLACEMENT_TIMEOUT_S = 600.0
+"""How long a pool may wait for Ray to find nodes for it before start-up fails."""
+
 _WORKER_CLASSES = {
     "actor_rollout_ref": ("verl_mp.workers.hybrid", "HybridWorker"),
     "critic": ("verl_mp.workers.critic", "CriticWorker"),
@@ -59,7 +64,8 @@ def _actor_class():
 
             return get_node_ip_address(), free_port()
 
-        def start(self, role: str, cfg: RootConfig, master_addr: str, master_port: int) -> bool:
+        def start(self, role: str, cfg: RootConfig, master_addr: str, master_port: int) -> str:
+            """Builds this rank's worker; returns the Ray node id it runs on."""
             import importlib
 
             use_gpu = bool(ray.get_gpu_ids())  # Ray makes the rank's one GPU visible as cuda:0
@@ -69,7 +75,7 @@ def _actor_class():
             os.environ.setdefault("OMP_NUM_THREADS", "1")
             module, name = _WORKER_CLASSES[role]
             self.worker = getattr(importlib.import_module(module), name)(cfg)
-            return True
+            return ray.get_runtime_context().get_node_id()
 
         def execute(self, method: str, *args, **kwargs):
             result = getattr(self.worker, method)(*args, **kwargs)
@@ -88,24 +94,25 @@ class RayWorkerGroup:
 
     def __init__(self, cfg: RootConfig, role: str, node_counts: list[int]):
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size = role, sum(node_counts)
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        self.pgs = [placement_group([bundle] * n, strategy="STRICT_PACK") for n in node_counts]
-        ray.get([pg.ready() for pg in self.pgs])
+        self.pg = place_pool(role, node_counts, use_gpu)
         actor = _actor_class()
         self.actors = []
-        for pg, n in zip(self.pgs, node_counts, strict=True):
+        for node, n in enumerate(node_counts):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
+                                                        placement_group_bundle_index=node)
             for local in range(n):
-                strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=local)
                 self.actors.append(actor.options(num_cpus=1, num_gpus=1 if use_gpu else 0,
                                                  scheduling_strategy=strategy)
                                    .remote(len(self.actors), self.world_size, local))
         addr, port = ray.get(self.actors[0].address.remote())
-        ray.get([a.start.remote(role, cfg, addr, port) for a in self.actors])  # surfaces build errors
+        # start() surfaces build errors; each rank reports the Ray node it runs on
+        self.node_ids = ray.get([a.start.remote(role, cfg, addr, port) for a in self.actors])
+        for rank, node_id in enumerate(self.node_ids):
+            logger.info("%s rank %d on node %s", role, rank, node_id)
 
     def __getattr__(self, method: str):
         """``group.method(...)``: a collective call on every rank; rank 0's result."""
@@ -131,8 +138,30 @@ class RayWorkerGroup:
 
         for a in self.actors:
             ray.kill(a)
-        for pg in self.pgs:
-            remove_placement_group(pg)
+        remove_placement_group(self.pg)
+
+
+def place_pool(role: str, node_counts: list[int], use_gpu: bool,
+               timeout_s: float = PLACEMENT_TIMEOUT_S):
+    """The placement group of a pool: bundle i holds node entry i's ranks (n CPUs, + n GPUs
+    with ``use_gpu``) and every bundle is on a different node (STRICT_SPREAD). Raises
+    RuntimeError, listing the cluster's nodes, when Ray cannot place it in ``timeout_s``."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{"CPU": n, "GPU": n} if use_gpu else {"CPU": n} for n in node_counts]
+    pg = placement_group(bundles, strategy="STRICT_SPREAD")
+    if pg.wait(timeout_s):
+        return pg
+    remove_placement_group(pg)
+    devices = "CPUs and GPUs" if use_gpu else "CPUs"
+    totals = [{k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")}
+              for n in ray.nodes() if n["Alive"]]
+    raise RuntimeError(
+        f"Ray could not place the {role} pool {node_counts} (ranks per node) within {timeout_s:.0f} s: "
+        f"it needs {len(node_counts)} different nodes with that many {devices} free; the cluster's "
+        f"alive nodes have {totals} in total (other pools or jobs may hold some). Add nodes, or give "
+        "the pool fewer node entries (trainer.nnodes / trainer.placement.pools)")
 
 
 def build_ray_workers(cfg: RootConfig, placement: Placement | None = None) -> RoleRouter:
