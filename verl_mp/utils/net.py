@@ -3,8 +3,9 @@
 import socket
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (never a hard-coded port)."""
+def free_port(host: str = "") -> int:
+    """A TCP port that is free right now on ``host`` (default: every interface, so it is
+    also free on the node address rank 0 will listen on); never a hard-coded port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
