@@ -67,6 +67,8 @@ run_train() {  # the fused-kernel engine test, a GRPO run of the real trainer on
   CUDA_VISIBLE_DEVICES=${GRPO_GPUS:-0} timeout 330 bash benchmarks/gpu_grpo.sh "$OUT/grpo" > "$OUT/grpo.log" 2>&1
   echo "grpo rc=$?"; grep -E "step [0-9]|Error|error:" "$OUT/grpo.log" | cut -c1-400 | tail -8
   [ -n "${SKIP_BENCH:-}" ] || bench 7b 1 0
+  [ -n "${SKIP_BENCH:-}" ] || { CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/seed_scope.py --prompts 256 \
+    --max-new-tokens 256 > "$OUT/seed_scope.log" 2>&1; echo "seed scope rc=$?"; grep -E '^[{]' "$OUT/seed_scope.log"; }
 }
 
 case "$phase" in
