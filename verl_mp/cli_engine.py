@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from verl_mp.config.parallel import ParallelConfig, validate_layout
+from verl_mp.config.rollout import WEIGHT_SYNC_MODES
 from verl_mp.utils.launch import launch_local
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def add_subcommands(subparsers) -> None:
     ver.add_argument("--rollout", choices=("vllm",), default=None,
                      help="also check the weight sync into a vLLM rollout engine")
     ver.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size")
-    ver.add_argument("--sync-mode", default="auto", choices=("auto", "gather", "local"),
+    ver.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                      help="weight sync mode (rollout.weight_sync_mode); local also checks that the "
                           "rank-local shards equal what vLLM's own loader builds")
     ver.set_defaults(func=run_verify)
@@ -115,10 +116,8 @@ def run_verify_rollout(args) -> int:
                          f"common world size; use sizes that divide each other")
     validate_rollout_layout(RolloutConfig(tensor_model_parallel_size=args.rollout_tp), world,
                             spec.num_query_groups)
-    try:
-        validate_sync_mode(args.sync_mode, args.tp, args.rollout_tp, "vllm", torch.cuda.is_available())
-    except ValueError as err:
-        raise ValueError(str(err).replace("rollout.weight_sync_mode=local", "--sync-mode local")) from None
+    validate_sync_mode(args.sync_mode, args.tp, args.rollout_tp, "vllm", torch.cuda.is_available(),
+                       setting="--sync-mode local")
     check_vllm()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verify_rollout.json"

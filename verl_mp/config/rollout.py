@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ROLLOUT_BACKENDS = ("vllm", "hf")
+WEIGHT_SYNC_MODES = ("auto", "gather", "local")
+SEED_SCOPES = ("batch", "request")
 
 
 @dataclass(kw_only=True)
@@ -36,8 +38,8 @@ class SamplingConfig:
             raise ValueError(f"rollout.sampling.temperature={self.temperature} must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.sampling.top_p={self.top_p} must be in (0, 1]")
-        if self.seed_scope not in ("batch", "request"):
-            raise ValueError(f"rollout.sampling.seed_scope={self.seed_scope!r} is not one of ('batch', 'request')")
+        if self.seed_scope not in SEED_SCOPES:
+            raise ValueError(f"rollout.sampling.seed_scope={self.seed_scope!r} is not one of {SEED_SCOPES}")
         if self.max_new_tokens < 1:
             raise ValueError(f"rollout.sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
 
@@ -88,9 +90,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.backend={self.backend!r} is not one of {ROLLOUT_BACKENDS}")
         if self.tensor_model_parallel_size < 1:
             raise ValueError("rollout.tensor_model_parallel_size must be >= 1")
-        if self.weight_sync_mode not in ("auto", "gather", "local"):
-            raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of "
-                             "('auto', 'gather', 'local')")
+        if self.weight_sync_mode not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of {WEIGHT_SYNC_MODES}")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
 
@@ -110,12 +111,14 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
     return world_size // tp
 
 
-def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, cuda: bool) -> None:
+def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, cuda: bool,
+                       setting: str = "rollout.weight_sync_mode=local") -> None:
     """Refuse ``weight_sync_mode=local`` before any process starts where it cannot run
-    (`verl_mp.rollout.weight_sync.make_weight_sync` checks the shapes again in the workers)."""
+    (`verl_mp.rollout.weight_sync.make_weight_sync` checks the shapes again in the workers).
+    ``setting`` is how the error names the request (a config key, or a CLI flag)."""
     if mode != "local":
         return
-    where = "rollout.weight_sync_mode=local"
+    where = setting
     if backend != "vllm":
         raise ValueError(f"{where} needs rollout.backend=vllm (the HF backend loads full tensors); use gather")
     if train_tp != rollout_tp:

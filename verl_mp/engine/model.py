@@ -11,8 +11,7 @@ from verl_mp.engine.value_head import ValueHead
 from verl_mp.models.layer_spec import decoder_block_spec
 from verl_mp.models.rope import rope_inv_freq
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from verl_mp.utils.dtypes import TORCH_DTYPES
 
 
 def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp32", **overrides):
@@ -23,7 +22,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
     """
     from megatron.core.transformer import TransformerConfig
 
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     kwargs = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,

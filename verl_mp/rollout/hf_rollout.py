@@ -16,10 +16,9 @@ import torch.distributed as dist
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig
 from verl_mp.rollout.types import RolloutOutput
+from verl_mp.utils.dtypes import TORCH_DTYPES
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class HFRollout:
@@ -28,7 +27,7 @@ class HFRollout:
 
         self.cfg = cfg
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_DTYPES[cfg.dtype]).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[cfg.dtype]).to(self.device).eval()
         eos = eos_token_ids if eos_token_ids is not None else self.model.generation_config.eos_token_id
         self.eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
         self.rank = dist.get_rank() if dist.is_initialized() else 0

@@ -14,6 +14,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from verl_mp.config.rollout import WEIGHT_SYNC_MODES
+
 
 def engine_logprobs(engine, prompts, responses):
     from verl_mp.data.rl_batch import RLBatch, attention_mask
@@ -23,20 +25,19 @@ def engine_logprobs(engine, prompts, responses):
     return batch, batch.gather_response(lp)
 
 
-def max_gap(batch, a, b_lists):
+def gap(batch, engine_lp, rollout_lps) -> dict[str, float]:
+    """|vLLM - engine| log-probs over the response tokens: the trainer's own metric
+    (`verl_mp.trainer.steps.logprob_gap_metrics`), as ``{"max": ..., "mean": ...}``."""
+    from dataclasses import replace
+
     from verl_mp.rollout.types import RolloutOutput
+    from verl_mp.trainer.steps import logprob_gap_metrics
 
-    b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
-                      response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
-    return float(((a.cpu() - b).abs() * batch.response_mask).max())
-
-
-def mean_gap(batch, a, b_lists):
-    from verl_mp.rollout.types import RolloutOutput
-
-    b = RolloutOutput(prompt_ids=[[0]] * len(b_lists), response_ids=[[0] * len(x) for x in b_lists],
-                      response_logprobs=b_lists, n=1, finished=[True] * len(b_lists)).padded_logprobs(a.shape[1])
-    return float(((a.cpu() - b).abs() * batch.response_mask).sum() / batch.response_mask.sum())
+    padded = RolloutOutput(prompt_ids=[[0]] * len(rollout_lps), response_ids=[[0] * len(x) for x in rollout_lps],
+                           response_logprobs=rollout_lps, n=1,
+                           finished=[True] * len(rollout_lps)).padded_logprobs(engine_lp.shape[1])
+    m = logprob_gap_metrics(replace(batch, rollout_log_probs=padded, old_log_probs=engine_lp.cpu()))
+    return {"max": m["rollout/logprob_diff_max"], "mean": m["rollout/logprob_diff_mean"]}
 
 
 def local_vs_loader(spec, chunks, state, rollout, bucket_mb: int) -> float:
@@ -69,7 +70,7 @@ def main():
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--dtype", default="fp32")
-    p.add_argument("--sync-mode", default="auto", choices=["auto", "gather", "local"],
+    p.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                    help="rollout.weight_sync_mode (local: rank-local shards, needs rollout TP == TP)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -97,7 +98,7 @@ def main():
 
     out0 = rollout.generate(prompts, sampling)
     batch0, eng0 = engine_logprobs(engine, prompts, out0.response_ids)
-    before_gap = max_gap(batch0, eng0, out0.response_logprobs)
+    before_gap = gap(batch0, eng0, out0.response_logprobs)["max"]
 
     # one optimizer step: push up the log-prob of the sampled responses
     from verl_mp.data.rl_batch import attention_mask, to_positions
@@ -124,23 +125,23 @@ def main():
 
     out1 = rollout.generate(prompts, sampling)
     batch1, eng1 = engine_logprobs(engine, prompts, out1.response_ids)
-    after_gap = max_gap(batch1, eng1, out1.response_logprobs)
+    after = gap(batch1, eng1, out1.response_logprobs)
     # the update arrived: old samples now score differently in vLLM, and as Megatron says
     rescored = score_with_vllm(rollout.llm, prompts, out0.response_ids)
     _, eng0_new = engine_logprobs(engine, prompts, out0.response_ids)
-    changed = max_gap(batch0, eng0, rescored)
-    rescore_gap = max_gap(batch0, eng0_new, rescored)
+    changed = gap(batch0, eng0, rescored)["max"]
+    rescore_gap = gap(batch0, eng0_new, rescored)["max"]
     stats = sync.last_stats
     if dist.get_rank() == 0:
         largest = max(info.param.numel() * info.param.element_size() * (a.tp if info.tp_dim is not None else 1)
                       for info in sync.infos)
         with open(a.out, "w") as f:
-            json.dump({"before_gap": before_gap, "after_gap": after_gap, "rescore_gap": rescore_gap,
+            json.dump({"before_gap": before_gap, "after_gap": after["max"], "rescore_gap": rescore_gap,
                        "changed": changed, "peak_transient_bytes": stats.peak_transient_bytes,
                        "bucket_bytes": sync.bucket_bytes, "largest_local_full_bytes": largest,
                        "largest_tensor_bytes_seen": stats.largest_tensor_bytes,
                        "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets,
-                       "mean_gap_after": mean_gap(batch1, eng1, out1.response_logprobs),
+                       "mean_gap_after": after["mean"],
                        "sync_mode": sync.mode, "tp_gathered_bytes": stats.tp_gathered_bytes,
                        "sync_seconds": stats.seconds, **memory, **cross}, f)
     dist.barrier()

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from verl_mp.config.rollout import WEIGHT_SYNC_MODES
 from verl_mp.engine.layout import megatron_param_layout
 from verl_mp.engine.runtime import ParallelState
 from verl_mp.models.convert import megatron_to_hf
@@ -41,9 +42,6 @@ from verl_mp.models.spec import GPTSpec
 from verl_mp.rollout import vllm_layout
 
 logger = logging.getLogger(__name__)
-
-SYNC_MODES = ("auto", "gather", "local")
-
 
 @dataclass(frozen=True)
 class _Entry:
@@ -241,8 +239,8 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     ``auto`` takes ``local`` when it is possible on every rank, else ``gather``;
     ``local`` raises a ValueError naming the reason when it is not possible.
     """
-    if requested not in SYNC_MODES:
-        raise ValueError(f"rollout.weight_sync_mode={requested!r} is not one of {SYNC_MODES}")
+    if requested not in WEIGHT_SYNC_MODES:
+        raise ValueError(f"rollout.weight_sync_mode={requested!r} is not one of {WEIGHT_SYNC_MODES}")
     if requested == "gather":
         return WeightSync(spec, chunks, state, bucket_mb, "gather")
     reason = _local_blocker(state, rollout)
@@ -250,11 +248,10 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     if reason is None:
         local = WeightSync(spec, chunks, state, bucket_mb, "local")
         reason = _shape_mismatch(local.planned_shapes(), rollout.param_shapes())
-    reasons: list = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
+    reasons = [reason]
     if dist.is_initialized():
+        reasons = [None] * dist.get_world_size()
         dist.all_gather_object(reasons, reason)
-    else:
-        reasons = [reason]
     reason = next((r for r in reasons if r is not None), None)
     if reason is None:
         logger.info("weight sync: local (rank-local shards into vLLM's parameters, no TP gather)")

@@ -14,14 +14,13 @@ import torch
 from verl_mp.config.schema import RootConfig
 from verl_mp.engine.runtime import local_device
 from verl_mp.reward.reward_model import SequenceScorer
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from verl_mp.utils.dtypes import TORCH_DTYPES
 
 
 class RewardModelWorker:
     def __init__(self, cfg: RootConfig):
         rm = cfg.reward_model
-        self.scorer = SequenceScorer.from_pretrained(rm.path, dtype=_DTYPES[rm.dtype], device=local_device(),
+        self.scorer = SequenceScorer.from_pretrained(rm.path, dtype=TORCH_DTYPES[rm.dtype], device=local_device(),
                                                      max_length=rm.max_length, batch_size=rm.micro_batch_size)
 
     def score(self, texts: Sequence[str]) -> torch.Tensor:
