@@ -41,7 +41,7 @@ def batch_for(vocab: int, step: int) -> dict:
                 advantages=torch.randn(ids.shape, generator=g), returns=torch.randn(ids.shape, generator=g))
 
 
-def pg_loss(batch: dict):
+def pg_loss(batch: dict, entropy_coef: float = 0.01):
     """Token-mean policy-gradient loss with an entropy bonus, normalised by global counts."""
     total = batch["response_mask"].sum()
 
@@ -49,7 +49,7 @@ def pg_loss(batch: dict):
         mask = mb["response_mask"]
         pg = -(outputs["log_probs"] * mb["advantages"] * mask).sum() / total
         ent = (outputs["entropy"] * mask).sum() / total
-        return pg - 0.01 * ent, {"pg_loss": pg.detach(), "entropy": ent.detach()}
+        return pg - entropy_coef * ent, {"pg_loss": pg.detach(), "entropy": ent.detach()}
 
     return loss_fn
 

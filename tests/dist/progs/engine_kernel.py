@@ -31,19 +31,13 @@ from verl_mp.engine.runtime import local_device
 from verl_mp.engine.verify import token_batch
 from verl_mp.kernels import ENV_VAR
 
+from engine_checks import pg_loss  # this folder is on sys.path: the progs run as scripts
+
 TEMPERATURE = 0.7
 
 
 def pg_entropy_loss(batch):
-    total = batch["response_mask"].sum()
-
-    def loss_fn(outputs, mb):
-        m = mb["response_mask"]
-        pg = -(outputs["log_probs"] * mb["advantages"] * m).sum() / total
-        ent = (outputs["entropy"] * m).sum() / total
-        return pg - 0.1 * ent, {"pg_loss": pg.detach(), "entropy": ent.detach()}
-
-    return loss_fn
+    return pg_loss(batch, entropy_coef=0.1)
 
 
 def max_over_ranks(x: float) -> float:
