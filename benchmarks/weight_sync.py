@@ -84,6 +84,7 @@ def main() -> None:
             with open(a.out, "w") as f:
                 json.dump(results, f, indent=1)
     dist.barrier()
+    rollout.close()
     os._exit(0)
 
 

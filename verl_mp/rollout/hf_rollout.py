@@ -82,6 +82,9 @@ class HFRollout:
     def wake_up(self, tags: list[str] | None = None) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 def _pick(logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator) -> tuple[int, float]:
     """Sample one token; return it and its log-prob under log_softmax(logits / T)."""

@@ -56,6 +56,9 @@ class RolloutBackend(Protocol):
 
     def wake_up(self) -> None: ...
 
+    def close(self) -> None:
+        """Release what would outlive the process otherwise (e.g. shared memory)."""
+
 
 def chain_weights(buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> Iterator[tuple[str, torch.Tensor]]:
     for bucket in buckets:

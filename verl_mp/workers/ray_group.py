@@ -132,10 +132,16 @@ class RayWorkerGroup:
 
         return ray.get([a.execute_shard.remote(method, items) for a in self.actors])
 
-    def shutdown(self) -> None:
+    def shutdown(self, close_timeout_s: float = 60.0) -> None:
+        """Let every rank release what outlives its process (``close``), then kill the actors."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        pending = [a.execute.remote("close") for a in self.actors]
+        try:
+            ray.wait(pending, num_returns=len(pending), timeout=close_timeout_s)
+        except Exception as err:  # noqa: BLE001  (a dead actor must not stop the teardown)
+            logger.warning("%s: close before shutdown failed: %s", self.role, err)
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)

