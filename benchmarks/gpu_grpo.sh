@@ -13,15 +13,15 @@ size=${SIZE:-0.5b} nproc=${NPROC:-1} tp=${TP:-1}
 work=$(mktemp -d)
 python3 - "$work" "$size" <<'PY'
 import sys, torch
-from verl_mp.data.synthetic import write_synthetic_dataset
-from verl_mp.models.tiny import save_tiny_qwen2
+from verl_mp.demo.task import write_synthetic_dataset
+from verl_mp.demo.tiny_models import save_tiny_qwen2
 work, size = sys.argv[1], sys.argv[2]
 body = {"0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
         "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}[size]
 write_synthetic_dataset(f"{work}/data", num_train=2048, num_test=64, seed=0)
 save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=1024, dtype=torch.bfloat16, **body)
 PY
-python3 -m verl_mp.trainer.main --config-name grpo \
+python3 -m verl_mp train --config-name grpo \
   model.path="$work/model" model.dtype=bf16 \
   "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]" \
   data.train_batch_size=64 data.max_prompt_length=64 \

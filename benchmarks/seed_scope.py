@@ -28,7 +28,7 @@ def main() -> None:
     a = p.parse_args()
 
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
     from verl_mp.rollout.vllm_rollout import VLLMRollout
 
     model = save_tiny_qwen2(tempfile.mkdtemp() + "/m", max_position_embeddings=512)

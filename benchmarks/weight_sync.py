@@ -35,7 +35,7 @@ SHAPES = {
 def write_config(size: str, directory: str) -> str:
     from transformers import Qwen2Config
 
-    from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
     cfg = Qwen2Config(**SHAPES[size], max_position_embeddings=4096, rms_norm_eps=1e-6, torch_dtype="bfloat16",
                       architectures=["Qwen2ForCausalLM"])
@@ -90,7 +90,7 @@ def main() -> None:
 
 def _time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) -> dict:
     """Warm up, then time ``a.iters`` whole syncs in one mode (``gather`` or ``local``)."""
-    from verl_mp.rollout.weight_sync import make_weight_sync
+    from verl_mp.bridge.weight_sync import make_weight_sync
 
     sync = make_weight_sync(spec, chunks, state, a.bucket_mb, mode, rollout)
     rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)  # warm-up
@@ -110,7 +110,7 @@ def _time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) -> dic
                    for i in sync.infos) / 1e9
     check = {}
     if sync.kernel_format:  # the in-place shards must equal what vLLM's own loader builds
-        from verl_mp.rollout.verify import local_vs_loader
+        from verl_mp.cli.rank_verify_rollout import local_vs_loader
 
         check["local_vs_loader_max_abs_diff"] = local_vs_loader(spec, chunks, state, rollout, a.bucket_mb)
     return dict(**check, size=a.size, world=world, mode=sync.mode, dtype="bf16", bucket_mb=a.bucket_mb,

@@ -4,4 +4,4 @@
 set -euo pipefail
 PYTHON=${PYTHON:-python}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}
-exec "$PYTHON" -m verl_mp.trainer.main trainer.launcher=ray trainer.nproc="${NPROC:-1}" "$@"
+exec "$PYTHON" -m verl_mp train trainer.launcher=ray trainer.nproc="${NPROC:-1}" "$@"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-RUN_ID_ENV = "VERL_MP_RUN_ID"
+from verl_mp.utils.shm import RUN_ID_ENV
 
 
 def install() -> bool:

@@ -8,13 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from verl_mp.models.tiny import build_tiny_checkpoint
+from verl_mp.demo.tiny_models import build_tiny_checkpoint
 
 pytestmark = pytest.mark.dist
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "verl_mp.cli_engine", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "verl_mp", *map(str, args)],
                           capture_output=True, text=True, timeout=400)
 
 

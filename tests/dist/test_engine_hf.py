@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from verl_mp.engine.verify import compare, hf_log_probs, token_batch
-from verl_mp.models.tiny import TINY_MODELS, build_tiny_checkpoint
+from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
+from verl_mp.demo.tiny_models import TINY_MODELS, build_tiny_checkpoint
 from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist

@@ -17,7 +17,7 @@ from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist
 
-PROG = "verl_mp.rollout.verify"
+PROG = "verl_mp.cli.rank_verify_rollout"
 # (2, 1, 1) runs through the CLI in test_verify_cli_with_rollout
 LAYOUTS = [(1, 1, 1), (2, 1, 2), (1, 2, 2)]
 TOL = 1e-4
@@ -25,7 +25,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     # vocab 311: padded to 312 at TP=2, so vocab padding is exercised
     return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "m")
@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir_4kv(tmp_path_factory):
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     # 4 KV heads, so that vLLM can run at TP=4
     return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2_4kv") / "m", num_heads=4, num_kv_heads=4)
@@ -67,7 +67,7 @@ def check_sync(model_dir, tmp_path, tp, pp, rtp):
 
 def test_verify_cli_with_rollout(model_dir):
     """`verl-mp verify --rollout vllm --rollout-tp K` runs the same check and exits 0."""
-    proc = subprocess.run([sys.executable, "-m", "verl_mp.cli", "verify", "--model", str(model_dir),
+    proc = subprocess.run([sys.executable, "-m", "verl_mp", "verify", "--model", str(model_dir),
                            "--tp", "2", "--rollout", "vllm", "--rollout-tp", "1"],
                           capture_output=True, text=True, timeout=400,
                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})

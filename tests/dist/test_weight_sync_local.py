@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_mp.models.tiny import TINY_MODELS, build_tiny_checkpoint
+from verl_mp.demo.tiny_models import TINY_MODELS, build_tiny_checkpoint
 from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist

@@ -5,8 +5,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_run_inputs(tmp_path_factory):
-    from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.task import write_synthetic_dataset
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     root = tmp_path_factory.mktemp("e2e_inputs")
     model = save_tiny_qwen2(root / "model")

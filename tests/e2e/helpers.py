@@ -28,7 +28,7 @@ def base_overrides(inputs: dict, out_dir: Path, launcher: str, steps: int = 2) -
 
 
 def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "verl_mp.trainer.main", *args]
+    cmd = [sys.executable, "-m", "verl_mp", "train", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")

@@ -9,8 +9,9 @@ from statistics import mean
 
 import pytest
 
-from .helpers import run_cli
 from verl_mp.trainer.tracking import read_jsonl
+
+from .helpers import run_cli
 
 pytestmark = pytest.mark.e2e
 

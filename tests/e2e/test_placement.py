@@ -33,7 +33,7 @@ def _save_tiny_reward_model(out_dir):
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-    from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,

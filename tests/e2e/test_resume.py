@@ -46,7 +46,7 @@ def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
     args = ["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=3),
             "trainer.save_freq=1", "trainer.test_freq=0"]
     env = dict(os.environ, VERL_MP_CKPT_COMMIT_DELAY_S="30")
-    proc = subprocess.Popen([sys.executable, "-m", "verl_mp.trainer.main", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "verl_mp", "train", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     staging = out / "checkpoints" / ".tmp_global_step_2"
     deadline = time.time() + 400

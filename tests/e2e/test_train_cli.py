@@ -1,11 +1,13 @@
 """The real CLI for a few steps on CPU: Megatron TP=2 + vLLM TP=2 on gloo, Ray and torchrun."""
 
+import json
 import math
 
 import pytest
 
-from .helpers import base_overrides, run_cli
 from verl_mp.trainer.tracking import read_jsonl
+
+from .helpers import base_overrides, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -41,14 +43,40 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
         assert math.isclose(steps[step]["actor/kl_loss_coef_min"], 0.0123, rel_tol=1e-6)
     assert (out / "config.yaml").read_text().count("kl_loss_coef: 0.0123") == 1
     assert (out / "checkpoints" / "global_step_2" / "meta.json").exists()
+    # generate, forward (old + reference log-probs), update, weight sync
+    assert all(steps[s]["perf/driver_round_trips"] == 4 for s in (1, 2))
 
 
-def test_ppo_with_critic(tiny_run_inputs, tmp_path):
+ENGINE_KEYS = {  # run-config key -> (role, EngineConfig field, value)
+    "actor.remove_padding=true": ("actor", "remove_padding", True),
+    "actor.attention_backend=sdpa": ("actor", "attention_backend", "sdpa"),
+    "actor.recompute=selective": ("actor", "recompute", "selective"),
+    "actor.max_tokens_per_micro_batch=96": ("actor", "max_tokens_per_micro_batch", 96),
+    "actor.offload.grads=true": ("actor", "offload_grads", True),
+    "actor.offload.optimizer=true": ("actor", "offload_optimizer", True),
+    "ref.micro_batch_size=3": ("ref", "micro_batch_size", 3),
+    "ref.offload.params=false": ("ref", "offload_params", False),
+    "critic.recompute=full": ("critic", "recompute", "full"),
+    "critic.attention_backend=local": ("critic", "attention_backend", "local"),
+    "critic.micro_batch_size=5": ("critic", "micro_batch_size", 5),
+}
+
+
+def test_ppo_with_a_plugin_estimator_that_needs_values(tiny_run_inputs, tmp_path):
+    """PPO with a critic that nothing but the estimator asks for (critic.enable unset), every
+    engine setting set from the run config and received by the engines on the ranks, and
+    at most 4 driver round trips per step."""
     out = tmp_path / "ppo"
     run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun"),
              "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-             "trainer.save_final=false", "trainer.peak_tflops=0.1"])
+             "trainer.save_final=false", "trainer.peak_tflops=0.1", "critic.enable=null",
+             "algorithm.adv_estimator=tests.e2e.plugins:values_baseline", "algorithm.estimator_kwargs.scale=0.5",
+             *ENGINE_KEYS])
     steps = _steps(out)
     for key in REQUIRED + ["critic/vf_loss", "critic/vf_clipfrac", "critic/explained_variance",
                            "actor/reward_kl_penalty", "timing/update_critic_s", "timing/values_s"]:
         assert key in steps[2] and steps[2][key] is not None, key
+    assert all(steps[s]["perf/driver_round_trips"] == 4 for s in (1, 2))
+    engines = json.loads((out / "workers.json").read_text())["actor_rollout_ref"]["engines"]
+    for key, (role, name, value) in ENGINE_KEYS.items():
+        assert engines[role][name] == value, (key, engines[role][name])

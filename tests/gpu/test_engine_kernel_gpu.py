@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verl_mp.models.tiny import build_tiny_checkpoint
+from verl_mp.demo.tiny_models import build_tiny_checkpoint
 from verl_mp.utils.launch import launch_local
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -16,7 +16,7 @@ from verl_mp.utils.launch import launch_local
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-PROG = "verl_mp.rollout.verify"
+PROG = "verl_mp.cli.rank_verify_rollout"
 # bf16: two different kernel stacks (megatron SDPA vs vLLM flash attention) round
 # differently; a layout bug moves log-probs by O(1), rounding by O(1e-2).
 BF16_MAX, BF16_MEAN = 0.25, 0.02
@@ -26,7 +26,7 @@ LAYOUTS = [(1, 1, 1), (2, 1, 2)]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     return save_tiny_qwen2(tmp_path_factory.mktemp("gpu") / "m", hidden_size=256, num_heads=4,
                            num_kv_heads=2, intermediate_size=512, dtype=torch.bfloat16)

@@ -6,8 +6,8 @@ import pytest
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     """Overrides pointing a preset at a tiny model and data written for the test module."""
-    from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.task import write_synthetic_dataset
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     root = tmp_path_factory.mktemp("run_inputs")
     model = save_tiny_qwen2(root / "model")
@@ -20,10 +20,10 @@ def inputs(tmp_path_factory):
 @pytest.fixture
 def nothing_starts(monkeypatch):
     """Fail the test if the trainer would start torchrun ranks or Ray workers."""
-    from verl_mp.trainer import main as trainer_main
+    from verl_mp.trainer import run as trainer_run
 
     def forbidden(*a, **k):
         raise AssertionError("a process was started despite invalid input")
 
     monkeypatch.setattr("verl_mp.utils.launch.launch_local", forbidden)
-    monkeypatch.setattr(trainer_main, "_run_ray", forbidden)
+    monkeypatch.setattr(trainer_run, "_run_ray", forbidden)

@@ -8,7 +8,7 @@ import pytest
 
 from verl_mp.data.dataset import PromptDataset, encode_messages
 from verl_mp.data.schema import write_rows
-from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
 pytestmark = pytest.mark.unit
 

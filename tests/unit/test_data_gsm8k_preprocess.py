@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_mp.data.dataset import PromptDataset
-from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_mp.data.dataset import PromptDataset
-from verl_mp.data.synthetic import make_rows, write_synthetic_dataset
-from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+from verl_mp.demo.task import make_rows, write_synthetic_dataset
+from verl_mp.demo.tokenizer import build_tiny_tokenizer
 from verl_mp.reward.rules import arith_exact_reward
 
 pytestmark = pytest.mark.unit

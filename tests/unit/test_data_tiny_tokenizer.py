@@ -4,8 +4,8 @@ the same tokenizer, and responses decode to the text the rewards expect."""
 import pytest
 from transformers import AutoTokenizer
 
-from verl_mp.data.tiny_tokenizer import WORDS, build_tiny_tokenizer, save_tiny_tokenizer
-from verl_mp.models.tiny import save_tiny_qwen2
+from verl_mp.demo.tiny_models import save_tiny_qwen2
+from verl_mp.demo.tokenizer import WORDS, build_tiny_tokenizer, save_tiny_tokenizer
 from verl_mp.reward.rules import arith_exact_reward
 
 pytestmark = pytest.mark.unit

@@ -11,10 +11,11 @@ import shutil
 import pytest
 import torch
 
-from verl_mp import cli_engine
+from verl_mp.cli import engine as cli_engine
+from verl_mp.cli import main as cli_main
+from verl_mp.demo.tiny_models import build_tiny_checkpoint
 from verl_mp.models.convert import SliceRead
 from verl_mp.models.hf_checkpoint import SliceReader, open_hf_checkpoint
-from verl_mp.models.tiny import build_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
 
@@ -95,14 +96,14 @@ def no_launch(monkeypatch):
     (1, 3, "--tp 1 --pp 3 does not fit .*num_layers=4 is not divisible"),
 ])
 def test_cli_refuses_bad_layout_before_launching(tiny, no_launch, capsys, tp, pp, match):
-    rc = cli_engine.main(["verify", "--model", str(tiny), "--tp", str(tp), "--pp", str(pp)])
+    rc = cli_main(["verify", "--model", str(tiny), "--tp", str(tp), "--pp", str(pp)])
     assert rc == 2 and not no_launch
     assert re.search(match, capsys.readouterr().err)
 
 
 def test_cli_refuses_bad_checkpoint_before_launching(copy, no_launch, capsys):
     edit_config(copy, architectures=["FalconForCausalLM"])
-    assert cli_engine.main(["convert", "hf-to-megatron", "--src", str(copy), "--out", str(copy / "o")]) == 2
+    assert cli_main(["convert", "hf-to-megatron", "--src", str(copy), "--out", str(copy / "o")]) == 2
     assert not no_launch and "FalconForCausalLM" in capsys.readouterr().err
 
 
@@ -115,7 +116,7 @@ def test_verify_exit_code_and_json_line(tiny, monkeypatch, capsys, diff, tol, rc
 
     monkeypatch.setattr(cli_engine, "launch_local", fake_launch)
     argv = ["verify", "--model", str(tiny), "--tp", "2", "--pp", "2"] + (["--tol", str(tol)] if tol else [])
-    assert cli_engine.main(argv) == rc
+    assert cli_main(argv) == rc
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line == {"max_abs_diff": diff, "tol": tol or 1e-4, "passed": rc == 0, "tp": 2, "pp": 2,
                     "arch": "Qwen2ForCausalLM", "dtype": "fp32", "reference": "hf-fp32"}
@@ -128,6 +129,6 @@ def test_verify_bf16_tolerance_follows_hf_bf16_error(tiny, monkeypatch, capsys, 
             json.dump({"max_abs_diff": diff, "hf_bf16_max_abs_diff": hf_err}, f)
 
     monkeypatch.setattr(cli_engine, "launch_local", fake_launch)
-    assert cli_engine.main(["verify", "--model", str(tiny), "--dtype", "bf16"]) == rc
+    assert cli_main(["verify", "--model", str(tiny), "--dtype", "bf16"]) == rc
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["tol"] == pytest.approx(max(0.05, 1.5 * hf_err)) and line["hf_bf16_max_abs_diff"] == hf_err

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+from verl_mp.demo.tokenizer import build_tiny_tokenizer
 from verl_mp.reward.manager import RewardManager
 from verl_mp.reward.reward_model import SequenceScorer
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-from verl_mp.models.tiny import save_tiny_qwen2
+from verl_mp.demo.tiny_models import save_tiny_qwen2
 from verl_mp.rollout.hf_rollout import HFRollout
 
 pytestmark = pytest.mark.unit

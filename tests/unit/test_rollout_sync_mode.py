@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from verl_mp.bridge import vllm_layout
+from verl_mp.bridge.weight_sync import _shape_mismatch
 from verl_mp.config.rollout import RolloutConfig, validate_sync_mode
-from verl_mp.rollout import vllm_layout
-from verl_mp.rollout.weight_sync import _shape_mismatch
 
 pytestmark = pytest.mark.unit
 
@@ -31,10 +31,10 @@ def test_local_mode_refused_where_impossible(kw, match):
 
 
 def test_verify_cli_refuses_local_on_cpu_before_launch(tmp_path):
-    from verl_mp.models.tiny import build_tiny_checkpoint
+    from verl_mp.demo.tiny_models import build_tiny_checkpoint
 
     model = build_tiny_checkpoint("qwen2", tmp_path / "m")
-    proc = subprocess.run([sys.executable, "-m", "verl_mp.cli", "verify", "--model", str(model), "--rollout", "vllm",
+    proc = subprocess.run([sys.executable, "-m", "verl_mp", "verify", "--model", str(model), "--rollout", "vllm",
                            "--sync-mode", "local"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--sync-mode local needs CUDA vLLM" in proc.stderr

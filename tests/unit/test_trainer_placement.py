@@ -7,11 +7,13 @@ import re
 import pytest
 import torch
 
+from verl_mp.cli import main as cli_main
 from verl_mp.config.loader import load_config
 from verl_mp.config.placement import resolve_placement
-from verl_mp.trainer import main as trainer_main
-from verl_mp.workers.reward_model import shard
-from verl_mp.workers.router import RoleRouter
+from verl_mp.plan import build_plan, enabled_roles
+from verl_mp.workers.groups import WorkerGroups
+from verl_mp.workers.protocol import ForwardRequest, ForwardResult, UpdateRequest
+from verl_mp.workers.rank_worker import shard
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +52,7 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.critic=[1]", "trainer.
      r"pools \['rm'\] host no role of this run .*reward_model.enable: False"),
 ])
 def test_preflight_refuses(inputs, nothing_starts, capsys, overrides, message):
-    rc = trainer_main.main(["--config-name", "ppo", *inputs, *overrides])
+    rc = cli_main(["train", "--config-name", "ppo", *inputs, *overrides])
     assert rc == 2
     err = capsys.readouterr().err
     assert re.search(message, err), err
@@ -60,19 +62,23 @@ def test_reward_model_with_several_labels_is_refused(inputs, nothing_starts, cap
     from transformers import Qwen2Config
 
     Qwen2Config(num_labels=2).save_pretrained(tmp_path)
-    rc = trainer_main.main(["--config-name", "grpo", *inputs, "reward_model.enable=true", f"reward_model.path={tmp_path}"])
+    rc = cli_main(["train", "--config-name", "grpo", *inputs, "reward_model.enable=true", f"reward_model.path={tmp_path}"])
     assert rc == 2 and "has num_labels=2; a reward model outputs one score" in capsys.readouterr().err
 
 
+def _placement(cfg):
+    return resolve_placement(cfg.trainer, enabled_roles(cfg))
+
+
 def test_default_is_one_colocated_pool():
-    p = resolve_placement(load_config("ppo", ["trainer.nproc=4"]))
+    p = _placement(load_config("ppo", ["trainer.nproc=4"]))
     assert p.pools == {"global": [4]}
     assert all(p.colocated(r) for r in ("critic", "reward_model")) and not p.multi_node
 
 
 def test_split_preset_resolves():
     cfg = load_config("ppo_split", ["trainer.nproc=4", "trainer.placement.pools.critic=[2, 2]"])
-    p = resolve_placement(cfg)
+    p = _placement(cfg)
     assert p.roles == {"actor_rollout_ref": "global", "critic": "critic", "reward_model": "global"}
     assert p.pool_size("critic") == 4 and p.node_counts("critic") == [2, 2] and p.multi_node
     assert not p.colocated("critic") and p.num_ranks == 8
@@ -87,36 +93,55 @@ def test_shards_cover_the_items_in_order(n, world):
 
 
 class _Group:
-    def __init__(self, name, world_size=1):
-        self.name, self.world_size, self.calls = name, world_size, []
+    """A worker group that records calls and answers like rank 0 would."""
 
-    def __getattr__(self, method):
-        def call(*args):
-            self.calls.append(method)
-            if method == "model_info":
-                return {"flop_params": 7, "world_size": self.world_size}
-            return self.name
-        return call
+    def __init__(self, name):
+        self.name, self.calls = name, []
 
-    def scatter(self, method, items):
-        self.calls.append(f"scatter:{method}")
-        return [torch.tensor([float(len(items))]), torch.tensor([1.0])]
+    def submit(self, method, *args):
+        self.calls.append(method.__name__)
+        if method.__name__ == "forward":
+            request = args[1]
+            return ForwardResult(old_log_probs=torch.ones(1) if request.old_log_probs and self.name != "critic" else None,
+                                 values=torch.zeros(1) if request.values and self.name == "critic" else None,
+                                 metrics={f"timing/{self.name}_s": 1.0})
+        if method.__name__ == "update":
+            return {f"{self.name}/loss": 1.0}
+        return self.name
 
-
-def test_router_sends_each_role_to_its_group():
-    actor, critic, rm = _Group("actor", 2), _Group("critic", 1), _Group("rm")
-    router = RoleRouter(actor, critic=critic, reward_model=rm)
-    assert router.compute_values(None) == "critic" and router.update_critic(None) == "critic"
-    assert router.update_actor(None) == "actor" and router.compute_log_probs(None, "ref") == "actor"
-    assert router.score_sequences(["a", "b"]).tolist() == [2.0, 1.0]
-    router.save_checkpoint("/ckpt")
-    assert "save_checkpoint" in actor.calls and "save_checkpoint" in critic.calls and "save_checkpoint" not in rm.calls
-    assert router.model_info() == {"flop_params": 7, "world_size": 3}
+    def result(self, handle):
+        return handle
 
 
-def test_router_without_split_forwards_to_the_actor_group():
-    actor = _Group("actor")
-    router = RoleRouter(actor)
-    assert router.compute_values(None) == "actor" and router.score_sequences(["a"]) == "actor"
-    router.load_checkpoint("/ckpt")
-    assert actor.calls.count("load_checkpoint") == 1
+def _groups(split: bool):
+    cfg = load_config("ppo_split" if split else "ppo", ["model.path=m", "reward_model.enable=true"]
+                      + (["trainer.placement.pools.rm=[1]", "trainer.placement.roles.reward_model=rm"] if split else []))
+    plan = build_plan(cfg)
+    return plan, {name: _Group(name) for name in plan.groups}
+
+
+def test_split_plan_fans_each_phase_out_to_the_groups_hosting_its_roles():
+    plan, groups = _groups(split=True)
+    assert {n: g.roles for n, g in plan.groups.items()} == {
+        "actor_rollout_ref": ["actor", "rollout", "ref"], "critic": ["critic"], "reward_model": ["reward_model"]}
+    workers = WorkerGroups(plan, groups)
+    fwd = workers.forward(None, ForwardRequest(ref_log_probs=True, values=True))
+    assert fwd.old_log_probs is not None and fwd.values is not None
+    assert set(fwd.metrics) == {"timing/actor_rollout_ref_s", "timing/critic_s"}
+    assert workers.update(None, UpdateRequest(critic=True)) == {"actor_rollout_ref/loss": 1.0, "critic/loss": 1.0}
+    assert workers.score(["a"]) == "reward_model" and workers.generate([[1]], None) == "actor_rollout_ref"
+    workers.save_checkpoint("/ckpt")
+    assert groups["critic"].calls == ["forward", "update", "save_checkpoint"]
+    assert groups["reward_model"].calls == ["score"]
+    assert workers.step_counters()["perf/driver_round_trips"] == 5  # forward, update, score, generate, save
+
+
+def test_colocated_plan_sends_every_phase_to_one_group():
+    plan, groups = _groups(split=False)
+    assert list(plan.groups) == ["actor_rollout_ref"]
+    assert plan.groups["actor_rollout_ref"].roles == ["actor", "rollout", "ref", "critic", "reward_model"]
+    workers = WorkerGroups(plan, groups)
+    workers.forward(None, ForwardRequest(ref_log_probs=True, values=True))
+    workers.update(None, UpdateRequest(critic=True))
+    workers.load_checkpoint("/ckpt")
+    assert groups["actor_rollout_ref"].calls == ["forward", "update", "load_checkpoint"]

@@ -9,7 +9,8 @@ import pytest
 
 from verl_mp.config.loader import load_config
 from verl_mp.data.sampler import ResumableBatchSampler
-from verl_mp.trainer import demo
+from verl_mp.demo import warm_start as demo
+from verl_mp.plan import build_plan
 from verl_mp.trainer.loop import RLTrainer
 from verl_mp.trainer.resume_check import config_differences, preflight_resume
 from verl_mp.trainer.setup import RunInputs
@@ -21,8 +22,8 @@ class FakeWorkers:
     def __init__(self):
         self.loaded = []
 
-    def model_info(self):
-        return {}
+    def describe(self):
+        return {"actor_rollout_ref": {"flop_params": 1, "world_size": 1}}
 
     def save_checkpoint(self, directory):
         with open(f"{directory}/actor.pt", "w") as f:
@@ -52,7 +53,7 @@ def make_cfg(tmp_path, model, *overrides):
 def trainer(cfg):
     sampler = ResumableBatchSampler(64, cfg.data.train_batch_size, seed=cfg.data.seed)
     inputs = RunInputs(tokenizer=None, train=None, val=None, sampler=sampler, reward=None, pad_token_id=0)
-    return RLTrainer(cfg, inputs, FakeWorkers())
+    return RLTrainer(cfg, build_plan(cfg), inputs, FakeWorkers())
 
 
 @pytest.fixture
@@ -158,9 +159,10 @@ def test_demo_output_dir_is_keyed_by_the_demo(tmp_path, monkeypatch):
 
 
 def test_cli_refuses_a_stale_output_dir_before_anything_starts(tmp_path, monkeypatch, capsys):
-    from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.models.tiny import save_tiny_qwen2
-    from verl_mp.trainer import main as trainer_main
+    from verl_mp.cli import main as cli_main
+    from verl_mp.demo.task import write_synthetic_dataset
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
+    from verl_mp.trainer import run as trainer_run
 
     model = save_tiny_qwen2(tmp_path / "model", hidden_size=64, num_layers=1)
     train, _ = write_synthetic_dataset(tmp_path / "data", num_train=64, num_test=8)
@@ -175,12 +177,12 @@ def test_cli_refuses_a_stale_output_dir_before_anything_starts(tmp_path, monkeyp
         raise AssertionError("a process was started despite a stale checkpoint")
 
     monkeypatch.setattr("verl_mp.utils.launch.launch_local", forbidden)
-    monkeypatch.setattr(trainer_main, "_run_ray", forbidden)
-    assert trainer_main.main(["--config-name", "grpo", *args]) == 2
+    monkeypatch.setattr(trainer_run, "_run_ray", forbidden)
+    assert cli_main(["train", "--config-name", "grpo", *args]) == 2
     err = capsys.readouterr().err
     assert "global_step_4 was written by a different run" in err and "actor.optim.lr: 0.5" in err
     assert "trainer.resume_mode=disable" in err
-    monkeypatch.setattr(trainer_main, "_finish", lambda cfg: None)
-    monkeypatch.setattr(trainer_main, "_run_ray", lambda cfg: None)
+    monkeypatch.setattr(trainer_run, "_finish", lambda cfg: None)
+    monkeypatch.setattr(trainer_run, "_run_ray", lambda cfg: None)
     monkeypatch.setattr("verl_mp.utils.launch.launch_local", lambda *a, **k: None)
-    assert trainer_main.main(["--config-name", "grpo", *args, "trainer.resume_mode=disable"]) == 0
+    assert cli_main(["train", "--config-name", "grpo", *args, "trainer.resume_mode=disable"]) == 0

@@ -3,7 +3,10 @@
 No torch.distributed, Ray or Megatron here. Everything computes in fp32. Registries map
 a name (or a ``"module:function"`` plugin path) to a function of a fixed signature:
 
-- `ADVANTAGE_ESTIMATORS`: ``(token_level_rewards, response_mask, ...) -> (advantages, returns)``
+- `ADVANTAGE_ESTIMATORS`: ``(token_level_rewards, response_mask, **inputs, **params) ->
+  (advantages, returns)``; each entry declares what it needs (`EstimatorSpec`: batch
+  inputs such as values or group ids, and config parameters), so the trainer computes
+  advantages with one generic call and runs a critic exactly when one is needed
 - `POLICY_LOSSES`: ``(log_probs, old_log_probs, advantages, response_mask, *, clip_low,
   clip_high, clip_ratio_c, loss_agg_mode, ...) -> (loss, metrics)``
 - `KL_ESTIMATORS`: ``(log_probs, ref_log_probs) -> kl [B, T]``
@@ -13,6 +16,10 @@ See docs/algorithms.md for formulas and the contract for global token counts.
 
 from verl_mp.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
+    BATCH_INPUTS,
+    EstimatorSpec,
+    advantage_estimator,
+    estimator_spec,
     gae,
     gae_scan_torch,
     group_outcome_torch,
@@ -38,6 +45,10 @@ from verl_mp.algo.utils import masked_mean, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "BATCH_INPUTS",
+    "EstimatorSpec",
+    "advantage_estimator",
+    "estimator_spec",
     "AGG_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",

@@ -13,6 +13,9 @@ A group of one sample gets advantage 0 (there is no baseline) and a one-time war
 
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass, field
+
 import torch
 
 from verl_mp.algo.registry import Registry
@@ -21,6 +24,75 @@ from verl_mp.kernels.dispatch import select_impl
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 _SINGLETON_KEY = "advantages/singleton-group"
+
+BATCH_INPUTS = ("values", "group_ids", "baseline_rewards", "old_log_probs", "ref_log_probs",
+                "rollout_log_probs")
+"""What an estimator may ask for besides ``token_level_rewards`` and ``response_mask``
+(always given): ``values`` [B, T] (a critic runs), ``group_ids`` [B],
+``baseline_rewards`` [B] (the rewards of a greedy response per prompt: the trainer
+generates it), and the per-token log-probs [B, T] of the actor before the update, the
+reference policy (a reference runs) and the rollout engine."""
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """What an advantage estimator needs; the trainer reads it to decide which phases run.
+
+    ``inputs``: names from `BATCH_INPUTS`, passed by keyword. ``params``: keyword ->
+    field of ``algorithm`` in the run config (e.g. ``{"gamma": "gamma"}``); a plugin's
+    own settings come from ``algorithm.estimator_kwargs``.
+    """
+
+    inputs: tuple[str, ...] = ()
+    params: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.inputs) - set(BATCH_INPUTS))
+        if unknown:
+            raise ValueError(f"advantage estimator inputs {unknown} are not batch fields; valid: {list(BATCH_INPUTS)}")
+
+    @property
+    def needs_critic(self) -> bool:
+        return "values" in self.inputs
+
+    @property
+    def needs_reference(self) -> bool:
+        return "ref_log_probs" in self.inputs
+
+    @property
+    def needs_greedy_baseline(self) -> bool:
+        return "baseline_rewards" in self.inputs
+
+
+def advantage_estimator(name: str | None = None, *, inputs: tuple[str, ...] = (),
+                        params: dict[str, str] | None = None):
+    """Decorator declaring an estimator's `EstimatorSpec`; with ``name`` it also registers it.
+
+    Plugins (``algorithm.adv_estimator=my_pkg.mod:fn``) use it without a name::
+
+        @advantage_estimator(inputs=("values",), params={"gamma": "gamma"})
+        def my_estimator(token_level_rewards, response_mask, values, gamma): ...
+    """
+    spec = EstimatorSpec(inputs=tuple(inputs), params=dict(params or {}))
+
+    def decorate(fn):
+        fn.estimator_spec = spec
+        if name is not None:
+            ADVANTAGE_ESTIMATORS.add(name, fn)
+        return fn
+
+    return decorate
+
+
+def estimator_spec(name: str) -> EstimatorSpec:
+    """The spec of a registered estimator or plugin; a function without a declared spec
+    gets one inferred from its signature (parameters named like `BATCH_INPUTS`)."""
+    fn = ADVANTAGE_ESTIMATORS[name]
+    spec = getattr(fn, "estimator_spec", None)
+    if spec is not None:
+        return spec
+    names = inspect.signature(fn).parameters
+    return EstimatorSpec(inputs=tuple(n for n in BATCH_INPUTS if n in names))
 
 
 def gae_scan_torch(
@@ -110,7 +182,7 @@ def _discounted_returns(rewards, response_mask, gamma, impl) -> torch.Tensor:
     return gae_scan_torch(rewards, zeros, response_mask, gamma, 1.0)[0]
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+@advantage_estimator("gae", inputs=("values",), params={"gamma": "gamma", "lam": "lam"})
 def gae(token_level_rewards, values, response_mask, gamma, lam, *, whiten=True, impl=None):
     """Generalised advantage estimation (PPO with a critic).
 
@@ -132,7 +204,7 @@ def gae(token_level_rewards, values, response_mask, gamma, lam, *, whiten=True, 
     return (masked_whiten(adv, response_mask) if whiten else adv), ret
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
+@advantage_estimator("grpo", inputs=("group_ids",), params={"norm_by_std": "norm_adv_by_std_in_grpo"})
 def grpo(token_level_rewards, response_mask, group_ids, norm_by_std=True, eps=1e-6, *, impl=None):
     """GRPO: (score - group mean) / (group std + eps), broadcast over the response.
 
@@ -146,7 +218,7 @@ def grpo(token_level_rewards, response_mask, group_ids, norm_by_std=True, eps=1e
     return adv, adv
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@advantage_estimator("rloo", inputs=("group_ids",))
 def rloo(token_level_rewards, response_mask, group_ids, *, impl=None):
     """RLOO: score minus the mean score of the other samples of the group."""
     adv = _group_outcome(
@@ -155,7 +227,7 @@ def rloo(token_level_rewards, response_mask, group_ids, *, impl=None):
     return adv, adv
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+@advantage_estimator("reinforce_plus_plus", params={"gamma": "gamma"})
 def reinforce_plus_plus(token_level_rewards, response_mask, gamma, *, impl=None):
     """REINFORCE++: discounted return-to-go, whitened over the batch's real tokens.
 
@@ -165,7 +237,7 @@ def reinforce_plus_plus(token_level_rewards, response_mask, gamma, *, impl=None)
     return masked_whiten(returns, response_mask), returns
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline")
+@advantage_estimator("reinforce_plus_plus_baseline", inputs=("group_ids",))
 def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, *, impl=None):
     """REINFORCE++ with a group-mean baseline: (score - group mean), broadcast over the
     response, then whitened over the batch's real tokens. Returns (advantages, advantages)."""
@@ -176,7 +248,7 @@ def reinforce_plus_plus_baseline(token_level_rewards, response_mask, group_ids, 
     return adv, adv
 
 
-@ADVANTAGE_ESTIMATORS.register("remax")
+@advantage_estimator("remax", inputs=("baseline_rewards",))
 def remax(token_level_rewards, response_mask, baseline_rewards):
     """ReMax: undiscounted return-to-go minus the greedy response's reward.
 

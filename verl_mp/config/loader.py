@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from verl_mp.config.schema import RootConfig
@@ -29,18 +31,66 @@ def preset_path(name: str) -> Path:
 
 
 def load_config(config_name: str | None = None, overrides: list[str] | None = None) -> RootConfig:
-    """Merge and type-check; unknown keys and wrong types raise ValueError naming the key."""
-    merged = OmegaConf.structured(RootConfig)
+    """Merge and type-check; unknown keys and wrong types raise ValueError naming the key,
+    the value, the expected type and an example. A single string is accepted where the
+    schema wants a list (``data.train_files=/data/train.parquet``)."""
+    schema = OmegaConf.structured(RootConfig)
+    merged = schema
     try:
         if config_name:
-            merged = OmegaConf.merge(merged, OmegaConf.load(preset_path(config_name)))
+            merged = OmegaConf.merge(merged, _lists_from_strings(schema, OmegaConf.load(preset_path(config_name))))
         if overrides:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+            merged = OmegaConf.merge(merged, _lists_from_strings(schema, _parse_dotlist(overrides)))
         return OmegaConf.to_object(merged)
     except (ConfigKeyError, ConfigAttributeError) as exc:
         raise ValueError(f"unknown config key: {_key_of(exc)}; {_valid_keys_hint(exc)}") from None
     except ValidationError as exc:
-        raise ValueError(f"invalid config value for {_key_of(exc)}: {exc.msg}") from None
+        raise ValueError(_invalid_value_message(schema, exc)) from None
+
+
+def _parse_dotlist(overrides: list[str]):
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value (e.g. trainer.total_steps=10)")
+    return OmegaConf.from_dotlist(list(overrides))
+
+
+def _lists_from_strings(schema, node):
+    """Where the schema has a list and ``node`` a single scalar, make it a one-item list."""
+    plain = OmegaConf.to_container(node, resolve=False)
+
+    def walk(value, path):
+        if isinstance(value, dict):
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        if not isinstance(value, (list, dict)) and value is not None and \
+                isinstance(OmegaConf.select(schema, path, default=None), ListConfig):
+            return [value]
+        return value
+
+    return OmegaConf.create(walk(plain, ""))
+
+
+def _invalid_value_message(schema, exc: ValidationError) -> str:
+    key = _key_of(exc)
+    reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+    hint = ""
+    leaf = key.rsplit(".", 1)[-1]
+    owner = getattr(exc, "object_type", None)
+    if owner is not None and dataclasses.is_dataclass(owner):
+        hints = typing.get_type_hints(owner)
+        if leaf in hints:
+            hint = f"; expected {_type_name(hints[leaf])}"
+    default = OmegaConf.select(schema, key, default=None, throw_on_missing=False)
+    if default is not None:
+        shown = OmegaConf.to_container(default) if isinstance(default, (ListConfig, DictConfig)) else default
+        example = "[" + ",".join(map(str, shown)) + "]" if isinstance(shown, list) else shown
+        hint += f" (default {shown!r}; e.g. {key}={example})"
+    return f"invalid value for {key}: {reason}{hint}"
+
+
+def _type_name(tp) -> str:
+    name = getattr(tp, "__name__", None)
+    return name if name and not getattr(tp, "__args__", None) else str(tp).replace("typing.", "")
 
 
 def _key_of(exc) -> str:

@@ -4,7 +4,7 @@ A pool is a named set of ranks: one entry per node, each the number of ranks (de
 that node gives the pool, e.g. ``[8, 8]`` = 2 nodes x 8. The pool ``global`` is
 ``trainer.nnodes`` x ``[trainer.nproc]`` unless defined otherwise, and hosts every role
 that is not mapped elsewhere. Roles on the pool of ``actor_rollout_ref`` are colocated in
-its `HybridWorker` processes; a role on another pool gets its own Ray worker group there
+its `RankWorker` processes; a role on another pool gets its own Ray worker group there
 (split placement). Example (PPO, critic on 4 ranks of its own)::
 
     trainer.placement.pools.critic=[4] trainer.placement.roles.critic=critic
@@ -59,10 +59,10 @@ class Placement:
         return any(len(counts) > 1 for counts in self.pools.values())
 
 
-def resolve_placement(cfg) -> Placement:
-    """``cfg``: the RootConfig. Fills the defaults and checks names and shapes; raises
+def resolve_placement(t, enabled: dict[str, bool]) -> Placement:
+    """``t``: the TrainerConfig; ``enabled``: which of `ROLES` this run has
+    (`verl_mp.plan.enabled_roles`). Fills the defaults and checks names and shapes; raises
     ValueError naming the setting and the fix. Model-dependent checks live in preflight."""
-    t = cfg.trainer
     spec = t.placement
     pools = {name: list(counts) for name, counts in spec.pools.items()}
     roles = {"actor_rollout_ref": DEFAULT_POOL, **spec.roles}
@@ -81,7 +81,7 @@ def resolve_placement(cfg) -> Placement:
         roles.setdefault(role, roles["actor_rollout_ref"])
     placement = Placement(pools=pools, roles=roles)
     _check_actor_pool(placement, t)
-    _check_use(placement, cfg)
+    _check_use(placement, t, enabled)
     return placement
 
 
@@ -95,10 +95,7 @@ def _check_actor_pool(placement: Placement, t) -> None:
             "(trainer.nproc and trainer.nnodes describe the actor's ranks)")
 
 
-def _check_use(placement: Placement, cfg) -> None:
-    from verl_mp.config.schema import critic_enabled
-
-    enabled = {"actor_rollout_ref": True, "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable}
+def _check_use(placement: Placement, t, enabled: dict[str, bool]) -> None:
     used = {placement.roles[r] for r in ROLES if enabled[r]}
     unused = sorted(set(placement.pools) - used)
     if unused:
@@ -106,11 +103,11 @@ def _check_use(placement: Placement, cfg) -> None:
                          f"{enabled['critic']}, reward_model.enable: {enabled['reward_model']}); "
                          "remove them or map a role to them")
     for role in ("critic", "reward_model"):
-        if not enabled[role] and role in cfg.trainer.placement.roles:
+        if not enabled[role] and role in t.placement.roles:
             logger.warning("trainer.placement.roles.%s has no effect: this run has no %s", role, role)
     split = [r for r in ROLES if enabled[r] and not placement.colocated(r)]
-    if split and cfg.trainer.launcher != "ray":
+    if split and t.launcher != "ray":
         raise ValueError(
             f"trainer.placement puts {split} on a pool apart from actor_rollout_ref, which needs "
-            f"trainer.launcher=ray (trainer.launcher={cfg.trainer.launcher!r} runs every role on the "
+            f"trainer.launcher=ray (trainer.launcher={t.launcher!r} runs every role on the "
             "same ranks); set trainer.launcher=ray or map those roles to the actor's pool")

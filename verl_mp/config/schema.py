@@ -9,11 +9,13 @@ every worker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
 from verl_mp.config.rollout import RolloutConfig
+from verl_mp.utils.dtypes import INFERENCE_DTYPES, TRAIN_DTYPES, check_dtype
 
 LAUNCHERS = ("torchrun", "ray")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -29,7 +31,11 @@ class ModelConfig:
     directory) in ``demo-<key>/``; with the tiny_cpu preset the run then writes
     ``outputs/demo/demo-<key>/``."""
     dtype: str = "fp32"
-    """Training dtype: fp32, bf16 or fp16 (optimizer state is always fp32)."""
+    """Training dtype: fp32 or bf16 (optimizer state is always fp32; the rollout uses the
+    same dtype). fp16 is refused: it overflows in RL without loss scaling."""
+
+    def __post_init__(self) -> None:
+        check_dtype("model.dtype", self.dtype, TRAIN_DTYPES)
 
 
 @dataclass(kw_only=True)
@@ -50,6 +56,25 @@ class DataConfig:
     """Skip (and count) malformed rows instead of stopping at the first one."""
 
 
+ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(kw_only=True)
+class OffloadConfig:
+    """What of an engine leaves the device while other phases run (GPU only; a no-op on CPU).
+
+    Parameters are offloaded while the rollout generates; gradients and optimizer state
+    between updates (they are rebuilt or brought back before the next update)."""
+
+    params: bool = False
+    """Parameters (the reference policy's default: it only runs one forward per step)."""
+    grads: bool = False
+    """The gradient buffers (zeroed at the start of every update anyway)."""
+    optimizer: bool = False
+    """fp32 main weights and Adam moments (copied back before the next update)."""
+
+
 @dataclass(kw_only=True)
 class EngineRoleConfig:
     """A Megatron engine role (actor, reference or critic).
@@ -57,19 +82,49 @@ class EngineRoleConfig:
     Roles colocated in the same processes share the actor's parallel layout
     (``actor.megatron``): megatron keeps one model-parallel state per process. A critic on
     its own pool (``trainer.placement``) may have its own (``critic.megatron``).
+    Every field reaches the role's engine on every rank (`verl_mp.plan`).
     """
 
     optim: OptimConfig = field(default_factory=OptimConfig)
     micro_batch_size: int = 4
     """Sequences per micro-batch on each data-parallel rank."""
     max_tokens_per_micro_batch: int | None = None
-    """Dynamic batch size: pack micro-batches up to this many tokens (None: by count)."""
-    offload: bool = False
-    """Move parameters/grads/optimizer state to CPU while the rollout runs (GPU only)."""
+    """Dynamic batch size: micro-batches filled up to this many tokens (padding counts
+    unless remove_padding); overrides micro_batch_size. None: by count."""
+    remove_padding: bool = False
+    """Sequence packing: each micro-batch's sequences back to back without padding (THD);
+    needs attention_backend sdpa, te or auto."""
+    attention_backend: str = "auto"
+    """Core attention: auto (te if importable, else sdpa), te, sdpa (torch
+    scaled_dot_product_attention) or local (megatron's unfused, materialises [s, s])."""
+    recompute: str = "none"
+    """Activation recompute: none, selective (core attention only: saves the [s, s]-sized
+    activations for little extra compute) or full (whole layers; see recompute_num_layers)."""
+    recompute_num_layers: int = 1
+    """With recompute=full: layers per checkpointed group (megatron's uniform method)."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+
+    _section: ClassVar[str] = "ref"
+    """The config key of this role (error messages name it)."""
+
+    def __post_init__(self) -> None:
+        k = self._section
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"{k}.attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"{k}.recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        if self.remove_padding and self.attention_backend == "local":
+            raise ValueError(f"{k}.remove_padding=true needs {k}.attention_backend sdpa, te or auto (megatron's "
+                             "local attention refuses packed sequences)")
+        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "recompute_num_layers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{k}.{name}={value} must be >= 1")
 
 
 @dataclass(kw_only=True)
 class ActorConfig(EngineRoleConfig):
+    _section: ClassVar[str] = "actor"
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
     """The parallel layout of the actor and reference (and of a colocated critic)."""
     ppo_mini_batch_size: int = 8
@@ -92,6 +147,7 @@ class ActorConfig(EngineRoleConfig):
 
 @dataclass(kw_only=True)
 class CriticConfig(EngineRoleConfig):
+    _section: ClassVar[str] = "critic"
     enable: bool | None = None
     """None: on exactly when the advantage estimator needs values (gae)."""
     megatron: ParallelConfig | None = None
@@ -119,6 +175,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     """False gives Dr.GRPO."""
+    estimator_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the advantage estimator (a plugin's own settings)."""
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -166,8 +224,7 @@ class RewardModelConfig:
     def __post_init__(self) -> None:
         if self.combine not in REWARD_MODEL_COMBINE:
             raise ValueError(f"reward_model.combine={self.combine!r} is not one of {REWARD_MODEL_COMBINE}")
-        if self.dtype not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"reward_model.dtype={self.dtype!r} is not one of ('fp32', 'bf16', 'fp16')")
+        check_dtype("reward_model.dtype", self.dtype, INFERENCE_DTYPES)
         if self.micro_batch_size < 1 or self.max_length < 1:
             raise ValueError("reward_model.micro_batch_size and reward_model.max_length must be >= 1")
 
@@ -180,7 +237,7 @@ class TrainerConfig:
     """Ranks per node (GPUs, or gloo processes on CPU)."""
     nnodes: int = 1
     """Nodes. Multi-node runs start the ranks themselves (launch/slurm.sbatch: torchrun on
-    every node running verl_mp.trainer.spmd; or a Ray cluster for trainer.launcher=ray)."""
+    every node running verl_mp.cli.rank_train; or a Ray cluster for trainer.launcher=ray)."""
 
     @property
     def world_size(self) -> int:
@@ -220,19 +277,10 @@ class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
-    ref: EngineRoleConfig = field(default_factory=lambda: EngineRoleConfig(offload=True))
+    ref: EngineRoleConfig = field(default_factory=lambda: EngineRoleConfig(offload=OffloadConfig(params=True)))
     critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-
-
-def critic_enabled(cfg: RootConfig) -> bool:
-    """critic.enable, or (when unset) whether the advantage estimator needs values."""
-    return cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
-
-
-def critic_layout(cfg: RootConfig) -> ParallelConfig:
-    return cfg.critic.megatron if cfg.critic.megatron is not None else cfg.actor.megatron

@@ -8,11 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verl_mp.data.batch import PromptBatch
-from verl_mp.data.schema import GROUND_TRUTH_FIELD, OPTIONAL_COLUMNS, REQUIRED_COLUMNS
-from verl_mp.data.schema import BadRowError, check_row, validate_columns
+from verl_mp.data.schema import (
+    GROUND_TRUTH_FIELD,
+    OPTIONAL_COLUMNS,
+    REQUIRED_COLUMNS,
+    BadRowError,
+    check_row,
+    validate_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +80,9 @@ class PromptDataset:
         prompt_key: str = "prompt",
         skip_bad_rows: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        setting: str = "data.train_files",
     ):
+        """``setting``: the config key the files came from (named in errors)."""
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length={max_prompt_length} must be >= 1")
         if not getattr(tokenizer, "chat_template", None):
@@ -89,6 +98,7 @@ class PromptDataset:
         self.prompt_key = prompt_key
         self.skip_bad_rows = skip_bad_rows
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.setting = setting
         self.num_rows_read = 0
         self.num_skipped_bad = 0
         self.num_dropped_too_long = 0
@@ -123,8 +133,13 @@ class PromptDataset:
     def _load_file(self, file: str) -> list[PromptRecord]:
         """Validate one file's columns, then its rows; return the usable prompts."""
         if not Path(file).is_file():
-            raise FileNotFoundError(f"data file {file} does not exist (check data.train_files)")
-        schema = pq.read_schema(file)
+            raise ValueError(f"{self.setting}: {file} does not exist")
+        try:
+            schema = pq.read_schema(file)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ValueError(f"{self.setting}: {file} is not a parquet file ({err}). Prompts come as parquet in "
+                             "the verl schema: docs/data.md; examples/data_preprocess/gsm8k.py converts "
+                             "GSM8K json/jsonl") from None
         validate_columns(schema, file, self.prompt_key)
         wanted = [self.prompt_key if c == "prompt" else c for c in REQUIRED_COLUMNS]
         wanted += [c for c in OPTIONAL_COLUMNS if c in schema.names]
@@ -176,7 +191,12 @@ class PromptDataset:
         return records
 
     def _log_summary(self) -> None:
-        """Log what was kept and dropped; an empty dataset is an error."""
+        """Log what was kept and dropped (a warning when prompts were dropped); an empty
+        dataset is an error."""
+        if self.num_dropped_too_long or self.num_skipped_bad:
+            logger.warning("%s: %d of %d prompts dropped as longer than data.max_prompt_length=%d, %d bad rows "
+                           "skipped", self.setting, self.num_dropped_too_long, self.num_rows_read,
+                           self.max_prompt_length, self.num_skipped_bad)
         logger.info(
             "PromptDataset: %d rows read from %d file(s), %d kept, %d dropped as longer than "
             "data.max_prompt_length=%d, %d bad rows skipped",
@@ -185,7 +205,7 @@ class PromptDataset:
         )
         if not self.records:
             raise ValueError(
-                f"no usable prompts in {self.files}: {self.num_rows_read} rows read, "
+                f"{self.setting}: no usable prompts in {self.files}: {self.num_rows_read} rows read, "
                 f"{self.num_dropped_too_long} longer than data.max_prompt_length="
                 f"{self.max_prompt_length}, {self.num_skipped_bad} bad. Fix: raise "
                 "data.max_prompt_length or repair the files."

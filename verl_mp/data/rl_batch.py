@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 
 
-
 @dataclass(kw_only=True)
 class RLBatch:
     input_ids: torch.Tensor

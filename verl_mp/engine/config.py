@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.utils.dtypes import TRAIN_DTYPES, check_dtype
 
 ROLES = ("actor", "ref", "critic")
-DTYPES = ("fp32", "bf16")
 
 
 @dataclass(kw_only=True)
@@ -33,6 +33,10 @@ class EngineConfig:
     """Pack each micro-batch's sequences back to back (THD); needs attention_backend sdpa/te."""
     attention_backend: str = "auto"
     """``auto`` (te if importable, else sdpa), ``te``, ``sdpa`` or ``local`` (megatron's unfused)."""
+    recompute: str = "none"
+    """Activation recompute: ``none``, ``selective`` (core attention) or ``full`` (whole
+    layers, ``recompute_num_layers`` per checkpoint, megatron's uniform method)."""
+    recompute_num_layers: int = 1
     offload_params: bool = False
     """Between uses, keep parameters on CPU (ref policy; actor/critic colocated with rollout)."""
     offload_grads: bool = False
@@ -46,14 +50,15 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"engine.role={self.role!r} is not one of {ROLES}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"engine.dtype={self.dtype!r} is not one of {DTYPES}")
+        check_dtype("engine.dtype", self.dtype, TRAIN_DTYPES)
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"engine.micro_batch_size={self.micro_batch_size} must be >= 1")
         if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
             raise ValueError(f"engine.max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} must be >= 1")
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("set engine.micro_batch_size or engine.max_tokens_per_micro_batch")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"engine.recompute={self.recompute!r} is not one of ('none', 'selective', 'full')")
         if self.remove_padding and self.attention_backend == "local":
             raise ValueError("engine.remove_padding=True needs attention_backend 'sdpa', 'te' or 'auto' "
                              "(megatron's local attention refuses packed sequences)")

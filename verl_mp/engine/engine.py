@@ -54,7 +54,9 @@ class MegatronEngine:
         self.backend = resolve_backend(config.attention_backend)
         if config.remove_padding and self.backend == "local":
             raise ValueError("engine.remove_padding=True needs attention_backend 'sdpa' or 'te'")
-        self.tf_config = model.transformer_config(self.spec, config.parallel, config.dtype)
+        self.tf_config = model.transformer_config(
+            self.spec, config.parallel, config.dtype,
+            **model.recompute_settings(config.recompute, config.recompute_num_layers))
         chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend)
         self.optimizer = self.scheduler = None
         if config.trainable:
@@ -249,11 +251,16 @@ class MegatronEngine:
         if self.optimizer is not None and (cfg.offload_optimizer if optimizer is None else optimizer):
             tensors += offload.optimizer_tensors(self.optimizer)
         freed = self._offloader.offload(tensors)
-        logger.info("offloaded %.1f MiB", freed / 2**20)
+        logger.debug("offloaded %.1f MiB", freed / 2**20)
         return freed
 
     def onload(self) -> None:
         self._offloader.onload()
+
+    @property
+    def offloaded(self) -> bool:
+        """True while some of this engine's state is off the device."""
+        return self._offloader.offloaded
 
     def _require_onloaded(self) -> None:
         if self._offloader.offloaded:

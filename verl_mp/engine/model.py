@@ -14,6 +14,15 @@ from verl_mp.models.spec import GPTSpec, padded_vocab_size
 from verl_mp.utils.dtypes import TORCH_DTYPES
 
 
+def recompute_settings(mode: str, num_layers: int = 1) -> dict:
+    """TransformerConfig keywords for activation recompute ``none``/``selective``/``full``."""
+    if mode == "none":
+        return {}
+    if mode == "selective":  # megatron's default selective module: core attention
+        return dict(recompute_granularity="selective")
+    return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=num_layers)
+
+
 def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp32", **overrides):
     """The megatron TransformerConfig for ``spec`` under ``parallel``.
 

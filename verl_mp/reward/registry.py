@@ -19,9 +19,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_mp.reward import rules
+
 RewardFn = Callable[[str, str, str, "dict[str, Any] | None"], "float | dict[str, Any]"]
 
-REWARD_FUNCTIONS: dict[str, RewardFn] = {}
+REWARD_FUNCTIONS: dict[str, RewardFn] = {
+    "gsm8k": rules.gsm8k_reward,
+    "math_boxed": rules.boxed_math_reward,
+    "arith_exact": rules.arith_exact_reward,
+    "format": rules.format_reward,
+}
+"""Built-in rules (`verl_mp.reward.rules`) and those added with `register_reward`."""
 
 # data_source -> reward function name, used when the config maps nothing else.
 DEFAULT_FN_BY_SOURCE: dict[str, str] = {
@@ -51,8 +59,6 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
 
 def get_reward_fn(name: str) -> RewardFn:
     """A registered reward function by name, or a plugin given as ``module:function``."""
-    import verl_mp.reward.rules  # noqa: F401  (registers the built-in rules)
-
     if ":" in name:
         return load_plugin(name)
     if name not in REWARD_FUNCTIONS:

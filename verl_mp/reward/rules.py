@@ -12,8 +12,6 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from verl_mp.reward.registry import register_reward
-
 # A number: optional sign, thousands-grouped or plain digits, optional decimals.
 _NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
 _HASH_ANSWER = re.compile(r"####\s*(-?)\s*\$?\s*(" + _NUM + ")")
@@ -45,7 +43,6 @@ def extract_hash_answer(text: str) -> str | None:
     return number
 
 
-@register_reward("gsm8k")
 def gsm8k_reward(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -120,7 +117,6 @@ def math_equal(predicted: str, target: str) -> bool:
     return bool(a_text) and a_text == b_text
 
 
-@register_reward("math_boxed")
 def boxed_math_reward(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -131,7 +127,6 @@ def boxed_math_reward(
     return {"score": float(ok), "acc": float(ok)}
 
 
-@register_reward("arith_exact")
 def arith_exact_reward(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> dict[str, float]:
@@ -142,7 +137,6 @@ def arith_exact_reward(
     return {"score": float(ok), "acc": float(ok)}
 
 
-@register_reward("format")
 def format_reward(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
 ) -> float:

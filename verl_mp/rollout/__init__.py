@@ -1,0 +1,17 @@
+"""Rollout backends: vLLM (`vllm_rollout`, the default) and HF transformers (`hf_rollout`,
+a slow fallback), behind one interface (`types.RolloutBackend`)."""
+
+from __future__ import annotations
+
+from verl_mp.config.rollout import RolloutConfig
+
+
+def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int):
+    """The backend ``cfg.backend`` names, started on this process (collective)."""
+    if cfg.backend == "vllm":
+        from verl_mp.rollout.vllm_rollout import VLLMRollout
+
+        return VLLMRollout(cfg, model_path, num_kv_heads)
+    from verl_mp.rollout.hf_rollout import HFRollout
+
+    return HFRollout(cfg, model_path)

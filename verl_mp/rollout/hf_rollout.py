@@ -44,7 +44,7 @@ class HFRollout:
             local = {k: v for part in parts for k, v in part.items()}
         flat = [s for i in range(len(prompt_ids)) for s in local[i]]
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=[s[0] for s in flat],
-                             response_logprobs=[s[1] for s in flat], n=sampling.n,
+                             response_logprobs=[s[1] for s in flat] if sampling.logprobs else None, n=sampling.n,
                              finished=[s[2] for s in flat])
 
     def _sample_one(self, prompt: list[int], sampling: SamplingConfig, index: int):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -21,15 +21,18 @@ class RolloutOutput:
 
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
-    response_logprobs: list[list[float]]
+    response_logprobs: list[list[float]] | None
+    """None when the sampling asked for none (``SamplingConfig.logprobs=False``)."""
     n: int
     finished: list[bool]
     """False where generation stopped at ``max_new_tokens`` (truncated)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the worker measured around generation (memory per phase on GPUs)."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:
             raise ValueError("RolloutOutput: need n responses per prompt")
-        for ids, lps in zip(self.response_ids, self.response_logprobs, strict=True):
+        for ids, lps in zip(self.response_ids, self.response_logprobs or self.response_ids, strict=True):
             if len(ids) != len(lps):
                 raise ValueError("RolloutOutput: one log-prob per response token required")
 
@@ -37,8 +40,10 @@ class RolloutOutput:
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
 
-    def padded_logprobs(self, max_len: int | None = None) -> torch.Tensor:
-        """Response log-probs as ``[B, T]`` float32, right-padded with 0."""
+    def padded_logprobs(self, max_len: int | None = None) -> torch.Tensor | None:
+        """Response log-probs as ``[B, T]`` float32, right-padded with 0 (None if not returned)."""
+        if self.response_logprobs is None:
+            return None
         max_len = max_len or max((len(r) for r in self.response_ids), default=0)
         out = torch.zeros(len(self.response_ids), max_len, dtype=torch.float32)
         for i, lps in enumerate(self.response_logprobs):

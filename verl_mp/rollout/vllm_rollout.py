@@ -18,14 +18,14 @@ import torch
 import torch.distributed as dist
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_rollout_layout
-from verl_mp.rollout.compat import check_vllm
 from verl_mp.patches import vllm_cpu_shm
+from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.utils import shm
+from verl_mp.utils.dtypes import VLLM_DTYPES
 
 logger = logging.getLogger(__name__)
 
-_VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 class VLLMRollout:
@@ -50,7 +50,7 @@ class VLLMRollout:
         kwargs = dict(
             model=model_path,
             tensor_parallel_size=self.tp_size,
-            dtype=_VLLM_DTYPES[cfg.dtype],
+            dtype=VLLM_DTYPES[cfg.dtype],
             max_model_len=cfg.max_model_len,
             enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else not torch.cuda.is_available(),
             seed=0,
@@ -80,7 +80,7 @@ class VLLMRollout:
         with _seeded_rng(batch_seed):
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
                                      params, use_tqdm=False) if mine else []
-        local = {i: _unpack(out) for i, out in zip(mine, outs, strict=True)}
+        local = {i: _unpack(out, sampling.logprobs) for i, out in zip(mine, outs, strict=True)}
         merged = self._gather(local)
         resp, lps, fin = [], [], []
         for i in range(len(prompt_ids)):
@@ -89,7 +89,7 @@ class VLLMRollout:
                 lps.append(lp)
                 fin.append(done)
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
-                             response_logprobs=lps, n=sampling.n, finished=fin)
+                             response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin)
 
     def _params(self, sampling: SamplingConfig, index: int):
         from vllm import SamplingParams
@@ -102,7 +102,7 @@ class VLLMRollout:
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
             seed=sampling.seed + index if sampling.seed is not None and sampling.seed_scope == "request" else None,
-            logprobs=0,
+            logprobs=0 if sampling.logprobs else None,
         )
 
     def _gather(self, local: dict) -> dict:
@@ -126,7 +126,7 @@ class VLLMRollout:
 
         ``kernel_format=False``: HF-named full tensors; vLLM's loaders take their TP slice.
         ``kernel_format=True``: vLLM parameter names with this rank's shards in vLLM's
-        layout (`verl_mp.rollout.vllm_layout`), copied in place.
+        layout (`verl_mp.bridge.vllm_layout`), copied in place.
         """
 
         def reload(worker):
@@ -197,11 +197,12 @@ def _seeded_rng(seed: int | None):
         yield
 
 
-def _unpack(request_output) -> list[tuple[list[int], list[float], bool]]:
+def _unpack(request_output, with_logprobs: bool = True) -> list[tuple[list[int], list[float] | None, bool]]:
     samples = []
     for comp in request_output.outputs:
         ids = list(comp.token_ids)
-        lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)]
+        lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
+            if with_logprobs else None
         samples.append((ids, lps, comp.finish_reason == "stop"))
     return samples
 

@@ -1,52 +1,69 @@
 """The RL driver loop: one call per phase, the same code for Ray and torchrun.
 
-``workers`` is either the Ray `RoleRouter` over the worker groups (the driver is a separate
-process; each role's calls go to the group hosting it, see ``trainer.placement``) or the
-local hybrid worker (torchrun SPMD: every rank runs this loop; data loading is
+``workers`` is a `WorkerGroups` (`verl_mp.workers.groups`): under Ray it fans each phase
+out to the Ray worker groups hosting its roles (the driver is a separate process); under
+torchrun every rank runs this loop over its own `RankWorker` (data loading is
 deterministic on every rank, rank 0 scores rewards and broadcasts them, rank 0 logs).
-A reward model, when enabled, is a worker call (collective in SPMD) made before rank 0
-combines its scores with the rule rewards.
+What a step runs follows from the `RunPlan`: a reference forward when a KL term needs it,
+a critic when the advantage estimator asks for values, a greedy baseline generation when
+it asks for one (ReMax).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from verl_mp.algo import estimator_spec
 from verl_mp.config.loader import to_yaml
 from verl_mp.config.schema import RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
+from verl_mp.plan import RunPlan
 from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
 from verl_mp.trainer.resume_check import FINGERPRINT_KEY, check_resume, model_fingerprint
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
+from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
 
 logger = logging.getLogger(__name__)
 
 
 class RLTrainer:
-    def __init__(self, cfg: RootConfig, inputs: RunInputs, workers, *, rank: int = 0,
-                 broadcast: Callable[[Any], Any] = lambda x: x, barrier: Callable[[], None] | None = None):
-        self.cfg, self.inputs, self.workers = cfg, inputs, workers
+    def __init__(self, cfg: RootConfig, plan: RunPlan, inputs: RunInputs, workers, *, rank: int = 0,
+                 broadcast: Callable[[Any], Any] = lambda x: x, barrier: Callable[[], None] | None = None,
+                 on_phase: Callable[[str, int], None] | None = None):
+        """``on_phase(phase, step)``: told when a phase starts (torchrun ranks record it, so
+        that a failure can be reported with the phase it happened in)."""
+        self.cfg, self.plan, self.inputs, self.workers = cfg, plan, inputs, workers
         self.rank, self.broadcast = rank, broadcast
         self.is_main = rank == 0
+        self.on_phase = on_phase or (lambda phase, step: None)
         out_dir = cfg.trainer.default_local_dir
         self.tracker = Tracker(cfg.trainer.logger, out_dir, cfg.trainer.project_name,
                                cfg.trainer.experiment_name, config=to_yaml(cfg), rank=rank)
         self.ckpt = CheckpointManager(os.path.join(out_dir, "checkpoints"), cfg.trainer.max_ckpt_to_keep,
                                       rank=rank, world_barrier=barrier)
         self.kl_ctrl = steps.make_kl_controller(cfg.algorithm)
-        self.use_critic = steps.needs_critic(cfg)
-        self.use_ref = steps.needs_reference(cfg)
-        self.model_info = workers.model_info()
+        self.spec = estimator_spec(cfg.algorithm.adv_estimator)
+        self.forward_request = ForwardRequest(ref_log_probs=plan.ref is not None, values=plan.critic is not None)
+        self.update_request = UpdateRequest(critic=plan.critic is not None)
+        self.timer = StepTimer()
+        self.step_no, self.phase_name = 0, "start-up"
+        described = workers.describe()
+        self.flop_params = described["actor_rollout_ref"]["flop_params"]
+        self.world_size = sum(d["world_size"] for name, d in described.items() if name != "reward_model")
+        if self.is_main:
+            _write_json(os.path.join(out_dir, "workers.json"), described)
 
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -60,7 +77,7 @@ class RLTrainer:
         self._end = end
         with Progress(total, initial=start, rank=self.rank) as bar:
             for step in range(start + 1, end + 1):
-                last = self.train_step(step)
+                last = self.step(step)
                 if self.cfg.trainer.test_freq and (step % self.cfg.trainer.test_freq == 0 or step == total):
                     last.update(self.validate())
                 if self._should_save(step):
@@ -72,59 +89,71 @@ class RLTrainer:
         self.tracker.close()
         return last
 
-    def train_step(self, step: int) -> dict[str, float]:
-        cfg, timer, metrics = self.cfg, StepTimer(), {"training/step": float(step)}
+    def step(self, step: int) -> dict[str, float]:
+        """One RL step: generate -> reward -> forward (old/ref log-probs, values) ->
+        advantages -> update (critic, actor) -> weight sync."""
+        cfg, metrics = self.cfg, {"training/step": float(step)}
+        self.step_no = step
+        self.timer.reset()
+        self.workers.step_counters()
         prompts = self.inputs.train.get_batch(self.inputs.sampler.next_batch())
-        with timer.phase("generate"):
+        with self._phase("generate"):
             out = self.workers.generate(prompts.input_ids, self._sampling(step))
         batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        with timer.phase("reward"):
+        metrics.update(out.metrics)
+        with self._phase("reward"):
             metrics.update(self._score(batch, prompts, out.response_ids))
-        with timer.phase("old_log_prob"):
-            batch.old_log_probs = self.workers.compute_log_probs(batch, "actor")
+        with self._phase("forward"):
+            fwd = self.workers.forward(batch, self.forward_request)
+        batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
+        metrics.update(fwd.metrics)
         gap = steps.logprob_gap_metrics(batch)
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
-        if self.use_ref:
-            with timer.phase("ref"):
-                batch.ref_log_probs = self.workers.compute_log_probs(batch, "ref")
-        if self.use_critic:
-            with timer.phase("values"):
-                batch.values = self.workers.compute_values(batch)
         metrics.update(steps.compute_rewards(batch, cfg.algorithm, self.kl_ctrl))
-        with timer.phase("adv"):
-            steps.compute_advantages(batch, cfg.algorithm, self._remax_baseline(prompts, step))
-        if self.use_critic:
-            with timer.phase("update_critic"):
-                metrics.update(self.workers.update_critic(batch))
-        with timer.phase("update_actor"):
-            metrics.update(self.workers.update_actor(batch))
-        with timer.phase("weight_sync"):
+        baseline = self._greedy_baseline(prompts) if self.spec.needs_greedy_baseline else None
+        with self._phase("adv"):
+            steps.compute_advantages(batch, cfg.algorithm, baseline)
+        with self._phase("update"):
+            metrics.update(self.workers.update(batch, self.update_request))
+        steps.check_finite({k: v for k, v in metrics.items() if k.endswith(("pg_loss", "vf_loss", "grad_norm"))},
+                           "update", hint="the losses or gradient norms of the update")
+        with self._phase("weight_sync"):
             metrics.update(self.workers.sync_weights())
         metrics.update(gap, **steps.response_metrics(batch, out), **steps.advantage_metrics(batch))
-        metrics.update(timer.metrics())
+        metrics.update(self.workers.step_counters())
+        metrics.update(self.timer.metrics())
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
         metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(metrics["timing/generate_s"], 1e-9)
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
 
+    @contextmanager
+    def _phase(self, name: str):
+        self.phase_name = name
+        self.on_phase(name, self.step_no)
+        with self.timer.phase(name):
+            yield
+
     def _flops(self, batch: RLBatch, seconds: float) -> dict[str, float]:
         cfg = self.cfg
-        forward = 1 + int(self.use_ref) + int(self.use_critic)
-        train = cfg.actor.ppo_epochs + (cfg.critic.ppo_epochs if self.use_critic else 0)
-        return steps.flops_metrics(batch, seconds, self.model_info["flop_params"], self.model_info["world_size"],
-                                   forward, train, cfg.trainer.peak_tflops)
+        forward = len(self.forward_request.roles())
+        train = cfg.actor.ppo_epochs + (cfg.critic.ppo_epochs if self.update_request.critic else 0)
+        return steps.flops_metrics(batch, seconds, self.flop_params, self.world_size, forward, train,
+                                   cfg.trainer.peak_tflops)
 
     # -- phases ------------------------------------------------------------------------------
     def _sampling(self, step: int):
         # Seeds derive from (trainer.seed, step) so that a resumed run samples exactly
-        # what the uninterrupted run would have.
-        return replace(self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step * 10_007)
+        # what the uninterrupted run would have. Log-probs only on the steps that use them.
+        freq = self.cfg.rollout.logprob_gap_freq
+        return replace(self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step * 10_007,
+                       logprobs=bool(freq) and (step % freq == 0 or step == 1))
 
     def _score(self, batch: RLBatch, prompts: PromptBatch, response_ids: list[list[int]]) -> dict[str, float]:
         texts = self.inputs.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         model_scores, result = None, None
-        if self.cfg.reward_model.enable:  # the reward model reads chat-templated prompt + response
-            model_scores = self.workers.score_sequences(
+        if self.plan.has("reward_model"):  # the reward model reads chat-templated prompt + response
+            model_scores = self.workers.score(
                 [prompts.prompts[int(g)] + text for g, text in zip(batch.group_ids, texts, strict=True)])
         if self.is_main:
             result = self.inputs.reward.score(texts, batch.ground_truths, batch.data_sources,
@@ -136,13 +165,13 @@ class RLTrainer:
         batch.token_level_scores = token_level_rewards(scores, batch.response_mask)
         return reward_metrics
 
-    def _remax_baseline(self, prompts, step: int) -> torch.Tensor | None:
-        if self.cfg.algorithm.adv_estimator != "remax":
-            return None
-        greedy = replace(self.cfg.rollout.val_sampling, n=1, temperature=0.0)
-        out = self.workers.generate(prompts.input_ids, greedy)
-        base = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        self._score(base, prompts, out.response_ids)
+    def _greedy_baseline(self, prompts: PromptBatch) -> torch.Tensor:
+        """[B] rewards of one greedy response per prompt, repeated over its samples (ReMax)."""
+        with self._phase("baseline"):
+            greedy = replace(self.cfg.rollout.val_sampling, n=1, temperature=0.0)
+            out = self.workers.generate(prompts.input_ids, greedy)
+            base = steps.build_batch(prompts, out, self.inputs.pad_token_id)
+            self._score(base, prompts, out.response_ids)
         return (base.token_level_scores.sum(-1)).repeat_interleave(self.cfg.rollout.sampling.n)
 
     def validate(self) -> dict[str, float]:
@@ -166,17 +195,29 @@ class RLTrainer:
         return bool(t.save_freq and step % t.save_freq == 0) or (t.save_final and last_of_run)
 
     def save(self, step: int) -> None:
+        """A checkpoint of step ``step``, published atomically: if anything fails (a full
+        disk), the previous checkpoints stay as they were and nothing looks complete."""
         staging = self.ckpt.staging_dir(step)
-        self.workers.save_checkpoint(staging)
-        if self.is_main:
-            state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value, "step": step,
-                     FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path)}
-            with open(os.path.join(staging, "trainer_state.json"), "w") as f:
-                json.dump(state, f)
-            with open(os.path.join(staging, "config.yaml"), "w") as f:
-                f.write(to_yaml(self.cfg))
-        _fault_injection_delay()
-        self.ckpt.commit(step)
+        try:
+            with self._phase("save"):
+                self.workers.save_checkpoint(staging)
+                if self.is_main:
+                    state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
+                             "step": step, FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path)}
+                    with open(os.path.join(staging, "trainer_state.json"), "w") as f:
+                        json.dump(state, f)
+                    with open(os.path.join(staging, "config.yaml"), "w") as f:
+                        f.write(to_yaml(self.cfg))
+                _fault_injection_delay()
+                self.ckpt.commit(step)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            latest = self.ckpt.latest()
+            kept = f"the last complete checkpoint, {latest[1]}, is intact" if latest else "no checkpoint was complete"
+            raise OSError(err.errno, f"the checkpoint of step {step} could not be written under "
+                          f"{self.ckpt.root} ({os.strerror(err.errno)}); {kept}. Free space (or lower "
+                          "trainer.max_ckpt_to_keep) and run again: trainer.resume_mode=auto continues from it") from err
 
     def resume(self) -> int:
         found = self.ckpt.resolve_resume(self.cfg.trainer.resume_mode)
@@ -194,6 +235,18 @@ class RLTrainer:
         # The rollout engine still holds the initial weights: never sample from them.
         self.workers.sync_weights()
         return step
+
+
+def _write_json(path: str, obj) -> None:
+    from dataclasses import asdict, is_dataclass
+
+    def plain(o):
+        if is_dataclass(o):
+            return asdict(o)
+        raise TypeError(type(o).__name__)
+
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, default=plain)
 
 
 def _fault_injection_delay() -> None:

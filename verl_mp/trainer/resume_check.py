@@ -173,12 +173,16 @@ def check_resume(checkpoint_path: str, cfg, explicit: bool) -> None:
 def preflight_resume(cfg) -> None:
     """Before any process starts: with ``trainer.resume_mode=auto``, fail early if the
     newest checkpoint under ``trainer.default_local_dir`` belongs to a different run."""
-    if cfg.trainer.resume_mode != "auto":
-        return  # disable: nothing to check; an explicit path: the trainer warns
+    if cfg.trainer.resume_mode == "disable":
+        return
     from verl_mp.trainer.checkpoint_manager import CheckpointManager
 
     # rank=1: a read-only view (only rank 0 creates or cleans the directory)
     root = os.path.join(cfg.trainer.default_local_dir, "checkpoints")
-    found = CheckpointManager(root, rank=1).latest()
+    manager = CheckpointManager(root, rank=1)
+    if cfg.trainer.resume_mode != "auto":
+        manager.resolve_resume(cfg.trainer.resume_mode)  # a path: must be a complete checkpoint
+        return  # (the trainer warns if another run wrote it)
+    found = manager.latest()
     if found is not None:
         check_resume(found[1], cfg, explicit=False)

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from verl_mp.config.schema import LAUNCHERS, RootConfig, critic_layout
+from verl_mp.config.schema import LAUNCHERS, RootConfig
+from verl_mp.plan import RunPlan, build_plan, critic_enabled, critic_layout, enabled_roles
 
 logger = logging.getLogger(__name__)
 
@@ -30,17 +31,15 @@ class RunInputs:
 
 
 def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
-    from transformers import AutoTokenizer
-
     from verl_mp.data.dataset import PromptDataset
     from verl_mp.data.sampler import ResumableBatchSampler
     from verl_mp.reward.manager import RewardManager
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     kwargs = dict(tokenizer=tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                   prompt_key=cfg.data.prompt_key, skip_bad_rows=cfg.data.skip_bad_rows)
-    train = PromptDataset(cfg.data.train_files, **kwargs)
-    val = PromptDataset(cfg.data.val_files, **kwargs) if cfg.data.val_files else None
+    train = PromptDataset(cfg.data.train_files, setting="data.train_files", **kwargs)
+    val = PromptDataset(cfg.data.val_files, setting="data.val_files", **kwargs) if cfg.data.val_files else None
     sampler = ResumableBatchSampler(len(train), cfg.data.train_batch_size, seed=cfg.data.seed,
                                     shuffle=cfg.data.shuffle)
     reward = None
@@ -56,9 +55,9 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
     return RunInputs(tokenizer, train, val, sampler, reward, int(pad))
 
 
-def preflight(cfg: RootConfig) -> None:
-    """Every check that can fail before processes start: files, names, layouts, batch sizes."""
-    from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+def preflight(cfg: RootConfig) -> RunPlan:
+    """Every check that can fail before processes start (files, names, layouts, batch
+    sizes, data, lengths); returns the run's plan (`verl_mp.plan`)."""
     from verl_mp.config.parallel import validate_layout
     from verl_mp.config.placement import resolve_placement
     from verl_mp.config.rollout import validate_rollout_layout, validate_sync_mode
@@ -68,17 +67,14 @@ def preflight(cfg: RootConfig) -> None:
     if t.launcher not in LAUNCHERS:
         raise ValueError(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
     check_local_ranks(t.nproc, "trainer.nproc")
-    placement = resolve_placement(cfg)
+    _check_names(cfg)
+    placement = resolve_placement(t, enabled_roles(cfg))
     if t.launcher == "ray" and not os.environ.get("RAY_ADDRESS"):  # a local Ray on this machine
         if placement.multi_node:
             raise ValueError(f"trainer.placement pools {placement.pools} span several nodes (trainer.nnodes="
                              f"{t.nnodes}): start a Ray cluster (ray start) and set RAY_ADDRESS")
         check_local_ranks(placement.num_ranks, "the ranks of all trainer.placement pools together")
     _check_paths(cfg)
-    ADVANTAGE_ESTIMATORS[cfg.algorithm.adv_estimator]  # unknown names list the valid ones
-    POLICY_LOSSES[cfg.actor.policy_loss]
-    KL_ESTIMATORS[cfg.actor.kl_loss_type]
-    KL_ESTIMATORS[cfg.algorithm.kl_penalty]
     spec = _model_spec(cfg.model.path)
     dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
     validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
@@ -88,14 +84,35 @@ def preflight(cfg: RootConfig) -> None:
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
+    _check_data(cfg, spec)
     _check_reward_model(cfg)
+    _check_reward_fns(cfg)
+    return build_plan(cfg, placement)
+
+
+def _check_names(cfg: RootConfig) -> None:
+    """Registry names (or ``module:function`` plugins) of the algorithm settings."""
+    from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+
+    for key, registry, name in (("algorithm.adv_estimator", ADVANTAGE_ESTIMATORS, cfg.algorithm.adv_estimator),
+                                ("actor.policy_loss", POLICY_LOSSES, cfg.actor.policy_loss),
+                                ("actor.kl_loss_type", KL_ESTIMATORS, cfg.actor.kl_loss_type),
+                                ("algorithm.kl_penalty", KL_ESTIMATORS, cfg.algorithm.kl_penalty)):
+        _check_name(key, registry, name)
+
+
+def _check_name(key: str, registry, name: str) -> None:
+    """A registered name or a loadable ``module:function`` plugin; the error names the key."""
+    try:
+        registry[name]
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{key}={name!r}: {err}") from None
 
 
 def _check_critic_layout(cfg: RootConfig, placement, spec) -> None:
     from verl_mp.config.parallel import validate_layout
-    from verl_mp.trainer.steps import needs_critic
 
-    if not needs_critic(cfg):
+    if not critic_enabled(cfg):
         return
     if placement.colocated("critic"):
         if cfg.critic.megatron is not None and cfg.critic.megatron != cfg.actor.megatron:
@@ -131,6 +148,19 @@ def _check_reward_model(cfg: RootConfig) -> None:
                          "outputs one score (num_labels=1)")
 
 
+def _check_reward_fns(cfg: RootConfig) -> None:
+    """Every configured rule reward function resolves (a name or a plugin)."""
+    from verl_mp.reward.registry import get_reward_fn
+
+    named = [("reward.default_fn", cfg.reward.default_fn)] if cfg.reward.default_fn else []
+    named += [(f"reward.fn_by_source.{src}", fn) for src, fn in cfg.reward.fn_by_source.items()]
+    for key, name in named:
+        try:
+            get_reward_fn(name)
+        except ValueError as err:
+            raise ValueError(f"{key}={name!r}: {err}") from None
+
+
 def _check_paths(cfg: RootConfig) -> None:
     if not cfg.model.path or not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         raise ValueError(f"model.path={cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
@@ -140,6 +170,37 @@ def _check_paths(cfg: RootConfig) -> None:
         for f in getattr(cfg.data, key):
             if not os.path.isfile(f):
                 raise ValueError(f"data.{key}: {f} does not exist")
+
+
+def load_tokenizer(path: str):
+    """The model directory's tokenizer; a ValueError naming model.path when it has none."""
+    from transformers import AutoTokenizer
+
+    fix = "the directory needs the tokenizer files saved with the model (tokenizer.json, tokenizer_config.json)"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"model.path={path!r}: no usable tokenizer ({type(err).__name__}: {err}); {fix}") from None
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer from config.json alone
+        raise ValueError(f"model.path={path!r}: no usable tokenizer (it has {len(tokenizer)} token); {fix}")
+    return tokenizer
+
+
+def _check_data(cfg: RootConfig, spec) -> None:
+    """Read every data file as the run will (format by content, columns, rows, prompt
+    lengths) and check the tokenizer against the model's vocabulary."""
+    from verl_mp.data.dataset import PromptDataset
+
+    tokenizer = load_tokenizer(cfg.model.path)
+    if len(tokenizer) > spec.vocab_size:
+        raise ValueError(f"model.path={cfg.model.path!r}: the tokenizer has {len(tokenizer)} tokens but config.json "
+                         f"vocab_size={spec.vocab_size}; the model cannot score some token ids. Use the tokenizer "
+                         "the model was trained with")
+    for key in ("train_files", "val_files"):
+        files = getattr(cfg.data, key)
+        if files:
+            PromptDataset(files, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
+                          skip_bad_rows=cfg.data.skip_bad_rows, setting=f"data.{key}")
 
 
 def _model_spec(path: str):
@@ -155,10 +216,12 @@ def _check_lengths(cfg: RootConfig, spec) -> None:
     if r.max_model_len > spec.max_position_embeddings:
         raise ValueError(f"rollout.max_model_len={r.max_model_len} exceeds the model's "
                          f"max_position_embeddings={spec.max_position_embeddings}; lower it")
-    needed = cfg.data.max_prompt_length + max(r.sampling.max_new_tokens, r.val_sampling.max_new_tokens)
-    if needed > r.max_model_len:
-        raise ValueError(f"data.max_prompt_length + rollout max_new_tokens = {needed} exceeds "
-                         f"rollout.max_model_len={r.max_model_len}; raise max_model_len or shorten them")
+    for key, sampling in (("rollout.sampling", r.sampling), ("rollout.val_sampling", r.val_sampling)):
+        needed = cfg.data.max_prompt_length + sampling.max_new_tokens
+        if needed > r.max_model_len:
+            raise ValueError(f"data.max_prompt_length={cfg.data.max_prompt_length} + {key}.max_new_tokens="
+                             f"{sampling.max_new_tokens} = {needed} exceeds rollout.max_model_len={r.max_model_len}; "
+                             "raise rollout.max_model_len or shorten them")
 
 
 def _check_batch_sizes(cfg: RootConfig, dp: int) -> None:

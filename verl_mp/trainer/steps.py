@@ -5,6 +5,8 @@ No processes, no engines: tensors and configs in, tensors and metrics out.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from verl_mp.algo import (
@@ -12,36 +14,20 @@ from verl_mp.algo import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    estimator_spec,
     explained_variance,
 )
-from verl_mp.config.schema import AlgorithmConfig, RootConfig, critic_enabled
+from verl_mp.config.schema import AlgorithmConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
-
-# Which batch fields each built-in estimator needs, besides rewards and the mask.
-_ESTIMATOR_INPUTS = {
-    "gae": ("values",),
-    "grpo": ("group_ids",),
-    "rloo": ("group_ids",),
-    "reinforce_plus_plus": (),
-    "reinforce_plus_plus_baseline": ("group_ids",),
-    "remax": ("baseline_rewards",),
-}
-
-
-def needs_critic(cfg: RootConfig) -> bool:
-    return critic_enabled(cfg)
-
-
-def needs_reference(cfg: RootConfig) -> bool:
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def build_batch(prompts: PromptBatch, out: RolloutOutput, pad_token_id: int) -> RLBatch:
     batch = RLBatch.from_samples(prompts.input_ids, out.response_ids, out.n, pad_token_id,
                                  prompts.ground_truths, prompts.data_sources)
-    batch.rollout_log_probs = out.padded_logprobs(batch.responses.shape[1]) * batch.response_mask
+    lps = out.padded_logprobs(batch.responses.shape[1])
+    batch.rollout_log_probs = None if lps is None else lps * batch.response_mask
     return batch
 
 
@@ -69,21 +55,37 @@ def compute_rewards(batch: RLBatch, algo: AlgorithmConfig, kl_ctrl) -> dict[str,
 
 
 def compute_advantages(batch: RLBatch, algo: AlgorithmConfig, baseline_rewards: torch.Tensor | None = None) -> None:
-    """Fill ``advantages`` and ``returns`` with the configured estimator (fp32).
+    """Fill ``advantages`` and ``returns`` (fp32) with the configured estimator: it gets the
+    batch fields and ``algorithm`` settings its `EstimatorSpec` declares, plus
+    ``algorithm.estimator_kwargs``, the same way for built-ins and plugins.
 
-    ``baseline_rewards`` [B]: ReMax's greedy-response rewards (only for remax)."""
-    name = algo.adv_estimator
-    fn = ADVANTAGE_ESTIMATORS[name]  # a registered name or a 'module:function' plugin
+    ``baseline_rewards`` [B]: the greedy responses' rewards, for estimators that ask for them."""
+    fn, spec = ADVANTAGE_ESTIMATORS[algo.adv_estimator], estimator_spec(algo.adv_estimator)
     kwargs = dict(token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask)
-    for field_name in _ESTIMATOR_INPUTS.get(name, ("group_ids",)):
-        kwargs[field_name] = baseline_rewards if field_name == "baseline_rewards" else getattr(batch, field_name)
-    if name == "gae":
-        kwargs.update(gamma=algo.gamma, lam=algo.lam)
-    elif name == "grpo":
-        kwargs.update(norm_by_std=algo.norm_adv_by_std_in_grpo)
-    elif name == "reinforce_plus_plus":
-        kwargs.update(gamma=algo.gamma)
+    for name in spec.inputs:
+        value = baseline_rewards if name == "baseline_rewards" else getattr(batch, name)
+        if value is None:
+            raise ValueError(f"advantage estimator {algo.adv_estimator!r} needs {name}, which this step did not "
+                             "compute")
+        kwargs[name] = value
+    kwargs.update({kw: getattr(algo, attr) for kw, attr in spec.params.items()})
+    kwargs.update(algo.estimator_kwargs)
     batch.advantages, batch.returns = fn(**kwargs)
+    check_finite({"advantages": batch.advantages, "returns": batch.returns}, "advantages",
+                 hint=f"algorithm.adv_estimator={algo.adv_estimator!r}")
+
+
+def check_finite(values: dict, phase: str, hint: str = "") -> None:
+    """Stop on NaN/inf (tensors or floats) with the phase and the likely causes named."""
+    bad = [k for k, v in values.items()
+           if (isinstance(v, torch.Tensor) and not bool(torch.isfinite(v).all()))
+           or (isinstance(v, float) and not math.isfinite(v))]
+    if bad:
+        raise FloatingPointError(
+            f"non-finite {bad} in the {phase} phase{' (' + hint + ')' if hint else ''}: typical causes are a "
+            "reward function or reward model returning NaN/inf, a learning rate too high for the model, or "
+            "low-precision overflow (train in bf16 or fp32, not fp16). The run stops so that nothing non-finite "
+            "reaches the weights; the last checkpoint is intact")
 
 
 def response_metrics(batch: RLBatch, out: RolloutOutput) -> dict[str, float]:
@@ -101,8 +103,11 @@ def response_metrics(batch: RLBatch, out: RolloutOutput) -> dict[str, float]:
 
 
 def logprob_gap_metrics(batch: RLBatch) -> dict[str, float]:
-    """|rollout log-prob - trainer old log-prob| over real response tokens."""
-    batch.require("rollout_log_probs", "old_log_probs")
+    """|rollout log-prob - trainer old log-prob| over real response tokens ({} on steps
+    whose rollout returned no log-probs)."""
+    if batch.rollout_log_probs is None:
+        return {}
+    batch.require("old_log_probs")
     mask = batch.response_mask > 0
     if not mask.any():
         return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
@@ -111,7 +116,7 @@ def logprob_gap_metrics(batch: RLBatch) -> dict[str, float]:
 
 
 def check_logprob_gap(metrics: dict[str, float], threshold: float | None, step: int) -> None:
-    if threshold is not None and metrics["rollout/logprob_diff_max"] > threshold:
+    if threshold is not None and metrics and metrics["rollout/logprob_diff_max"] > threshold:
         raise RuntimeError(
             f"step {step}: rollout/trainer log-prob gap {metrics['rollout/logprob_diff_max']:.3g} exceeds "
             f"rollout.logprob_diff_threshold={threshold}: the weight sync or the rollout numerics "

@@ -64,12 +64,16 @@ def launch_local(
     timeout_s: float | None = None,
     preflight: Sequence[Callable[[], None]] = (),
     capture_output: bool = False,
+    stderr_log: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``target`` (a module, or a script path with ``module=False``) on ``nproc`` ranks.
 
     Every ``preflight`` check runs first; a failing one raises before any process starts.
     Raises ``subprocess.CalledProcessError`` if any rank fails and ``TimeoutError`` after
-    ``timeout_s`` (the whole process group is stopped then).
+    ``timeout_s`` (the whole process group is stopped then). ``stderr_log``: the ranks' and
+    torchrun's stderr is copied there as it streams to ours, and its last lines are the
+    error's ``stderr``. torchrun dies with this process (SIGKILL included), and stops its
+    ranks then.
     """
     check_local_ranks(nproc)
     for check in preflight:
@@ -83,18 +87,61 @@ def launch_local(
     # With a timeout the ranks get their own process group so that all of them can be
     # stopped together; without one they stay in the caller's group, so that a signal to
     # the caller's group (Ctrl-C, a scheduler's SIGKILL) reaches every rank.
-    proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, stderr=pipe, text=True,
-                            start_new_session=timeout_s is not None)
+    proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, text=True,
+                            stderr=subprocess.PIPE if (capture_output or stderr_log) else None,
+                            start_new_session=timeout_s is not None, preexec_fn=_die_with_parent)
+    tail = _tee(proc.stderr, stderr_log) if stderr_log and not capture_output else None
     try:
-        out, err = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s) if tail is None else (proc.wait(timeout_s), None)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise TimeoutError(f"{target} on {nproc} ranks did not finish in {timeout_s} s\n{err or ''}") from None
+    except BaseException:  # Ctrl-C or SIGTERM of this process: stop the ranks with it
+        proc.terminate()
+        proc.wait()
+        raise
+    if tail is not None:
+        out, err = None, tail.finish()
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
     return result
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when its parent dies (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _tee:
+    """Copy a text stream to our stderr and a log file on a thread; keep its last lines."""
+
+    def __init__(self, stream, log_path: str, keep_lines: int = 400):
+        import collections
+        import threading
+
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
+        self.thread = threading.Thread(target=self._copy, args=(stream, log_path), daemon=True)
+        self.thread.start()
+
+    def _copy(self, stream, log_path: str) -> None:
+        with open(log_path, "a") as log:
+            for line in stream:
+                self.lines.append(line)
+                log.write(line)
+                log.flush()
+                sys.stderr.write(line)
+
+    def finish(self) -> str:
+        self.thread.join(timeout=30)
+        return "".join(self.lines)
 
 
 def exit_with_launcher(poll_s: float = 1.0) -> None:

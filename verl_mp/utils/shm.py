@@ -30,10 +30,10 @@ import os
 import secrets
 import tempfile
 
-from verl_mp.patches.vllm_cpu_shm import RUN_ID_ENV
-
 logger = logging.getLogger(__name__)
 
+RUN_ID_ENV = "VERL_MP_RUN_ID"
+"""The run's identity, shared by all its processes (shared-memory names start with it)."""
 SHM_DIR = "/dev/shm"
 _VLLM_COMM_MARK = "cpushm"
 _atexit_registered = False

@@ -1,9 +1,10 @@
 """Ray single-controller mode: one Ray worker group per pool, one Ray actor per rank.
 
-`build_ray_workers` reads ``trainer.placement`` and starts a group for actor_rollout_ref
-(`HybridWorker`: actor + reference + vLLM rollout, plus any role colocated with them),
-and one for each role placed on a pool of its own: the critic (`CriticWorker`) and the
-reward model (`RewardModelWorker`). A `RoleRouter` sends each call to its role's group.
+`build_ray_groups` starts one `RayWorkerGroup` for every group of the `RunPlan`: the
+``actor_rollout_ref`` group (actor + reference + vLLM rollout, plus the roles colocated with
+them) and one for each role placed on a pool of its own (a critic, a reward model). Each
+rank's actor builds a `RankWorker` for its group's roles; `WorkerGroups`
+(`verl_mp.workers.groups`) sends every phase to the groups that host its roles.
 
 Placement: a pool is one placement group with one bundle per node entry, and STRICT_SPREAD
 puts every bundle on a node of its own: ``[8, 8]`` is two bundles of 8 CPUs (+ 8 GPUs when
@@ -14,39 +15,26 @@ its node address and a free port, then every actor of the group joins that group
 torch.distributed world there (so a split critic has its own world and its own Megatron
 layout); each rank's Ray node id is logged.
 
-Dispatch and collection (`RayWorkerGroup.__getattr__`), implicitly by DP rank and from
-the output ranks: every rank receives the whole batch; each engine takes its own
-data-parallel share itself (Megatron: by DP rank; vLLM: by rollout DP rank) and gathers
-the results back onto every rank (Megatron: the last pipeline stage's outputs are
-all-gathered over DP and broadcast along PP; train-step metrics are reduced over ranks).
-So every rank ends with the full result that TP rank 0 of the last stage computed; only
-rank 0 sends its copy to the driver, the others return None (their calls are still
-awaited, so an error on any rank surfaces). The cost of this simplicity: the driver sends
-the whole batch to every rank. `RayWorkerGroup.scatter` is the other mode, for per-item
-work without collectives (reward-model scoring): rank r gets the r-th contiguous share of
-the items, and every share comes back.
+Data: a call's arguments are put into the object store once (``ray.put``) and every rank
+reads them from there; each engine takes its own data-parallel share and gathers the
+results onto every rank, so only rank 0 returns its copy (the others return None; their
+calls are still awaited). A failing or dying rank surfaces at once as a `WorkerError`
+naming the group, the rank and the call, while the other ranks may still be blocked in a
+collective: the driver then tears the groups down.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
-from verl_mp.config.placement import Placement, resolve_placement
-from verl_mp.config.schema import RootConfig
-from verl_mp.workers.router import RoleRouter
+from verl_mp.plan import GroupPlan, RunPlan
+from verl_mp.workers.groups import WorkerError
 
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 600.0
 """How long a pool may wait for Ray to find nodes for it before start-up fails."""
-
-_WORKER_CLASSES = {
-    "actor_rollout_ref": ("verl_mp.workers.hybrid", "HybridWorker"),
-    "critic": ("verl_mp.workers.critic", "CriticWorker"),
-    "reward_model": ("verl_mp.workers.reward_model", "RewardModelWorker"),
-}
 
 
 def _actor_class():
@@ -64,44 +52,40 @@ def _actor_class():
 
             return get_node_ip_address(), free_port()
 
-        def start(self, role: str, cfg: RootConfig, master_addr: str, master_port: int) -> str:
+        def start(self, plan: RunPlan, group: str, master_addr: str, master_port: int) -> str:
             """Builds this rank's worker; returns the Ray node id it runs on."""
-            import importlib
+            from verl_mp.engine.runtime import init_distributed
+            from verl_mp.workers.rank_worker import RankWorker
 
             use_gpu = bool(ray.get_gpu_ids())  # Ray makes the rank's one GPU visible as cuda:0
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world),
                               LOCAL_RANK="0" if use_gpu else str(self.local_rank),
                               MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
             os.environ.setdefault("OMP_NUM_THREADS", "1")
-            module, name = _WORKER_CLASSES[role]
-            self.worker = getattr(importlib.import_module(module), name)(cfg)
+            init_distributed()
+            self.worker = RankWorker(plan, group)
             return ray.get_runtime_context().get_node_id()
 
-        def execute(self, method: str, *args, **kwargs):
-            result = getattr(self.worker, method)(*args, **kwargs)
+        def execute(self, method: str, *args):
+            result = getattr(self.worker, method)(*args)
             return result if self.rank == 0 else None
-
-        def execute_shard(self, method: str, items: list):
-            from verl_mp.workers.reward_model import shard
-
-            return getattr(self.worker, method)(shard(items, self.rank, self.world))
 
     return _RankActor
 
 
 class RayWorkerGroup:
-    """The Ray actors of one role on one pool (``node_counts``: ranks per node)."""
+    """The Ray actors of one worker group (`GroupPlan`) on its pool."""
 
-    def __init__(self, cfg: RootConfig, role: str, node_counts: list[int]):
+    def __init__(self, plan: RunPlan, group: GroupPlan):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.role, self.world_size = role, sum(node_counts)
+        self.name, self.world_size = group.name, group.world_size
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
-        self.pg = place_pool(role, node_counts, use_gpu)
+        self.pg = place_pool(group.name, group.node_counts, use_gpu)
         actor = _actor_class()
         self.actors = []
-        for node, n in enumerate(node_counts):
+        for node, n in enumerate(group.node_counts):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
                                                         placement_group_bundle_index=node)
             for local in range(n):
@@ -109,42 +93,60 @@ class RayWorkerGroup:
                                                  scheduling_strategy=strategy)
                                    .remote(len(self.actors), self.world_size, local))
         addr, port = ray.get(self.actors[0].address.remote())
-        # start() surfaces build errors; each rank reports the Ray node it runs on
-        self.node_ids = ray.get([a.start.remote(role, cfg, addr, port) for a in self.actors])
+        self.node_ids = self.result((self.actors, [a.start.remote(plan, group.name, addr, port)
+                                                   for a in self.actors], "start"), all_ranks=True)
         for rank, node_id in enumerate(self.node_ids):
-            logger.info("%s rank %d on node %s", role, rank, node_id)
+            logger.info("%s rank %d on node %s", group.name, rank, node_id)
 
-    def __getattr__(self, method: str):
-        """``group.method(...)``: a collective call on every rank; rank 0's result."""
-        if method.startswith("_"):
-            raise AttributeError(method)
-        return lambda *args, **kwargs: self._call(method, *args, **kwargs)
-
-    def _call(self, method: str, *args, **kwargs):
+    def submit(self, method, *args):
+        """Start ``method`` (a `RLWorker` method) on every rank; the arguments travel once."""
         import ray
 
-        return ray.get([a.execute.remote(method, *args, **kwargs) for a in self.actors])[0]
+        refs = [ray.put(a) if _large(a) else a for a in args]
+        return self.actors, [a.execute.remote(method.__name__, *refs) for a in self.actors], method.__name__
 
-    def scatter(self, method: str, items: list) -> list[Any]:
-        """Rank r runs ``method`` on the r-th contiguous share of ``items``; the results in
-        rank order."""
+    def result(self, handle, all_ranks: bool = False):
+        """Rank 0's result (every rank's with ``all_ranks``). The first failing rank raises
+        `WorkerError` at once, without waiting for ranks blocked on it."""
         import ray
 
-        return ray.get([a.execute_shard.remote(method, items) for a in self.actors])
+        _, refs, name = handle
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception as err:  # noqa: BLE001  (re-raised with the rank and the call)
+                rank = refs.index(ready[0])
+                raise WorkerError(f"{self.name} rank {rank} failed in {name}: {_summary(err)}") from err
+        values = ray.get(refs)
+        return values if all_ranks else values[0]
 
-    def shutdown(self, close_timeout_s: float = 60.0) -> None:
-        """Let every rank release what outlives its process (``close``), then kill the actors."""
+    def shutdown(self, close_timeout_s: float = 30.0) -> None:
+        """Let every rank release what outlives its process (``close``), then kill the actors.
+        Ranks still blocked in a collective (after another rank failed) are killed."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         pending = [a.execute.remote("close") for a in self.actors]
-        try:
-            ray.wait(pending, num_returns=len(pending), timeout=close_timeout_s)
-        except Exception as err:  # noqa: BLE001  (a dead actor must not stop the teardown)
-            logger.warning("%s: close before shutdown failed: %s", self.role, err)
+        ray.wait(pending, num_returns=len(pending), timeout=close_timeout_s)
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)
+
+
+def _large(arg) -> bool:
+    from verl_mp.data.rl_batch import RLBatch
+
+    return isinstance(arg, RLBatch) or (isinstance(arg, list) and len(arg) > 64)
+
+
+def _summary(err: Exception) -> str:
+    """The first lines of a Ray error: the rank's own exception, not Ray's wrapper."""
+    cause = getattr(err, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else str(err)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " | ".join(lines[-3:]) if len(lines) > 3 else " | ".join(lines)
 
 
 def place_pool(role: str, node_counts: list[int], use_gpu: bool,
@@ -170,22 +172,17 @@ def place_pool(role: str, node_counts: list[int], use_gpu: bool,
         "the pool fewer node entries (trainer.nnodes / trainer.placement.pools)")
 
 
-def build_ray_workers(cfg: RootConfig, placement: Placement | None = None) -> RoleRouter:
-    """One group per pool that hosts a role of this run; roles on the actor's pool are
-    colocated in its HybridWorker processes."""
-    from verl_mp.trainer.steps import needs_critic
-
-    placement = placement or resolve_placement(cfg)
+def build_ray_groups(plan: RunPlan) -> dict[str, RayWorkerGroup]:
+    """One Ray worker group per group of the plan; on a failure those already started are
+    shut down."""
     groups: dict[str, RayWorkerGroup] = {}
     try:
-        groups["actor_rollout_ref"] = RayWorkerGroup(cfg, "actor_rollout_ref", placement.node_counts("actor_rollout_ref"))
-        for role, enabled in (("critic", needs_critic(cfg)), ("reward_model", cfg.reward_model.enable)):
-            if enabled and not placement.colocated(role):
-                logger.info("%s on its own pool %r: %s ranks", role, placement.roles[role], placement.node_counts(role))
-                groups[role] = RayWorkerGroup(cfg, role, placement.node_counts(role))
+        for name, group in plan.groups.items():
+            logger.info("worker group %s on pool %r: %s ranks, roles %s", name, group.pool, group.node_counts,
+                        group.roles)
+            groups[name] = RayWorkerGroup(plan, group)
     except BaseException:
         for group in groups.values():
             group.shutdown()
         raise
-    return RoleRouter(groups["actor_rollout_ref"], critic=groups.get("critic"),
-                      reward_model=groups.get("reward_model"))
+    return groups

@@ -26,7 +26,7 @@ from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.engine.verify import token_batch
+from verl_mp.cli.rank_verify import token_batch
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 BATCH = 7  # odd: uneven data-parallel slices

@@ -18,7 +18,7 @@ from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.engine.verify import compare, hf_log_probs, token_batch
+from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

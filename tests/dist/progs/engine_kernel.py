@@ -28,7 +28,7 @@ from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.engine.logprobs import vocab_parallel_log_probs
 from verl_mp.engine.runtime import local_device
-from verl_mp.engine.verify import token_batch
+from verl_mp.cli.rank_verify import token_batch
 from verl_mp.kernels import ENV_VAR
 
 from engine_checks import pg_loss  # this folder is on sys.path: the progs run as scripts

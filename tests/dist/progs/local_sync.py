@@ -24,7 +24,7 @@ import torch.distributed as dist
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.rollout.weight_sync import WeightSync
+from verl_mp.bridge.weight_sync import WeightSync
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight")

@@ -43,7 +43,7 @@ def gap(batch, engine_lp, rollout_lps) -> dict[str, float]:
 def local_vs_loader(spec, chunks, state, rollout, bucket_mb: int) -> float:
     """Max |param| difference between the ``local`` sync's vLLM parameters and those vLLM's
     checkpoint loader builds from the ``gather`` sync's full HF tensors (expected: 0)."""
-    from verl_mp.rollout.weight_sync import WeightSync
+    from verl_mp.bridge.weight_sync import WeightSync
 
     def snapshot(worker):
         return {n: p.detach().clone() for n, p in worker.model_runner.get_model().named_parameters()}
@@ -75,13 +75,13 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
+    from verl_mp.bridge.weight_sync import make_weight_sync
     from verl_mp.config.optim import OptimConfig
     from verl_mp.config.parallel import ParallelConfig
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
     from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
-    from verl_mp.rollout.weight_sync import make_weight_sync
 
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
     engine = MegatronEngine(EngineConfig(model_path=a.model, parallel=parallel, micro_batch_size=4,

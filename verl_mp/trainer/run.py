@@ -1,49 +1,37 @@
-"""`python -m verl_mp.trainer.main --config-name grpo key=value ...` (= `verl-mp train`).
+"""Start a run: validate everything, save the resolved config, run the loop, write the report.
 
-Loads and validates the configuration before any process starts, saves the resolved
-config with the run, then runs the loop in Ray single-controller mode or as torchrun SPMD
-ranks (``trainer.launcher``). With no ``model.path`` it runs the embedded demo.
+Runs the driver loop in Ray single-controller mode or as torchrun SPMD ranks
+(``trainer.launcher``). Every check that can fail runs before any process starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import sys
 
-from verl_mp.config.loader import load_config, to_yaml
+from verl_mp.config.loader import to_yaml
+from verl_mp.utils.errors import RunFailed
 
 logger = logging.getLogger(__name__)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config-name", default="tiny_cpu",
-                   help="preset in megatron_configs/ or a YAML path (default: tiny_cpu, the embedded demo)")
-    p.add_argument("--prepare-only", action="store_true",
-                   help="validate, prepare the demo if needed, write the resolved config, and stop "
-                        "(multi-node launchers then start verl_mp.trainer.spmd on every node)")
-    p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. actor.optim.lr=1e-6")
 
 
-def train(args) -> int:
-    cfg = load_config(args.config_name, args.overrides)
-    if not cfg.model.path:
-        from verl_mp.trainer.demo import prepare_demo
-
-        cfg = prepare_demo(cfg)
+def run(cfg, prepare_only: bool = False) -> int:
+    from verl_mp.plan import save_plan
     from verl_mp.trainer.resume_check import preflight_resume
     from verl_mp.trainer.setup import preflight
 
-    preflight(cfg)
+    plan = preflight(cfg)
     preflight_resume(cfg)
     out_dir = cfg.trainer.default_local_dir
     os.makedirs(out_dir, exist_ok=True)
     config_path = os.path.join(out_dir, "config.yaml")
     with open(config_path, "w") as f:
         f.write(to_yaml(cfg))
-    logger.info("resolved config saved to %s\n%s", config_path, to_yaml(cfg))
-    if args.prepare_only:
+    save_plan(plan, os.path.join(out_dir, PLAN_FILE))
+    logger.info("resolved config saved to %s (what each process runs: %s)", config_path, PLAN_FILE)
+    if prepare_only:
         print(config_path)
         return 0
     if cfg.trainer.launcher == "torchrun" and cfg.trainer.nnodes > 1:
@@ -55,35 +43,58 @@ def train(args) -> int:
     shm.ensure_run_id()  # inherited by every rank: one identity for the run's shared resources
     try:
         if cfg.trainer.launcher == "torchrun":
-            from verl_mp.utils.launch import launch_local
-
-            launch_local("verl_mp.trainer.spmd", cfg.trainer.nproc, ["--config", config_path])
+            _run_torchrun(cfg, config_path)
         else:
-            _run_ray(cfg)
+            _run_ray(cfg, plan)
     finally:
         shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg)
     return 0
 
 
-def _run_ray(cfg) -> None:
+PLAN_FILE = "plan.yaml"
+"""Next to config.yaml in the run directory: the `RunPlan` every process receives."""
+
+
+def _run_torchrun(cfg, config_path: str) -> None:
+    import subprocess
+
+    from verl_mp.trainer import status
+    from verl_mp.utils.launch import launch_local
+
+    out_dir = cfg.trainer.default_local_dir
+    status.clear(out_dir)
+    try:
+        launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
+                     stderr_log=os.path.join(out_dir, "logs", "ranks.log"))
+    except subprocess.CalledProcessError as err:
+        raise RunFailed(status.failure_report(out_dir, err.stderr or "")) from None
+
+
+def _run_ray(cfg, plan) -> None:
     import ray
 
-    from verl_mp.config.placement import resolve_placement
     from verl_mp.trainer.loop import RLTrainer
     from verl_mp.trainer.setup import build_inputs
-    from verl_mp.workers.ray_group import build_ray_workers
+    from verl_mp.workers.groups import WorkerError, WorkerGroups
+    from verl_mp.workers.ray_group import build_ray_groups
 
-    placement = resolve_placement(cfg)
     started_here = not ray.is_initialized()
     if started_here:
-        _init_ray(cfg, placement)
+        _init_ray(cfg, plan)
     try:
-        workers = build_ray_workers(cfg, placement)
-        inputs = None
+        try:
+            workers = WorkerGroups(plan, build_ray_groups(plan))
+        except WorkerError as err:
+            raise RunFailed(f"{err} (start-up)") from err
+        inputs = trainer = None
         try:
             inputs = build_inputs(cfg, score_rewards=True)
-            RLTrainer(cfg, inputs, workers).fit()
+            trainer = RLTrainer(cfg, plan, inputs, workers)
+            trainer.fit()
+        except WorkerError as err:
+            where = f"phase {trainer.phase_name} of step {trainer.step_no}" if trainer else "start-up"
+            raise RunFailed(f"{err} ({where})") from err
         finally:
             if inputs is not None:
                 inputs.reward.close()
@@ -93,7 +104,7 @@ def _run_ray(cfg) -> None:
             ray.shutdown()
 
 
-def _init_ray(cfg, placement) -> None:
+def _init_ray(cfg, plan) -> None:
     """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool."""
     import ray
 
@@ -105,7 +116,8 @@ def _init_ray(cfg, placement) -> None:
         return
     # address="local": without it, ray.init joins the cluster that `ray start` last started on
     # this machine (it finds its address file) and then refuses num_cpus.
-    ray.init(address="local", num_cpus=max(placement.num_ranks, os.cpu_count() or 1),
+    ranks = sum(g.world_size for g in plan.groups.values())
+    ray.init(address="local", num_cpus=max(ranks, os.cpu_count() or 1),
              include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
 
 
@@ -116,18 +128,3 @@ def _finish(cfg) -> None:
     if "jsonl" in cfg.trainer.logger and os.path.exists(metrics):
         summary = write_report(metrics, cfg.trainer.default_local_dir)
         logger.info("report written to %s: %s", cfg.trainer.default_local_dir, summary)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    p = argparse.ArgumentParser(prog="verl_mp.trainer.main", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    try:
-        return train(p.parse_args(argv))
-    except ValueError as exc:
-        print(f"verl_mp.trainer.main: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ also runs HF transformers in fp32 on each row alone (no padding: the ground trut
 writes ``{"max_abs_diff": ...}`` as JSON to ``--out``. With ``--dtype bf16`` the engine
 runs in bf16 but is still compared with HF in fp32, and HF's own bf16 error against fp32
 is written too (``hf_bf16_max_abs_diff``): the CLI's bf16 tolerance is relative to it,
-because bf16 rounding error depends on the model. Launched by `verl_mp.cli_engine`.
+because bf16 rounding error depends on the model. Launched by `verl_mp.cli.engine`.
 """
 
 from __future__ import annotations

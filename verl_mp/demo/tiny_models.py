@@ -62,7 +62,7 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
     """
     import transformers
 
-    from verl_mp.data.tiny_tokenizer import save_tiny_tokenizer
+    from verl_mp.demo.tokenizer import save_tiny_tokenizer
 
     config_cls, model_cls, extra = TINY_MODELS[kind]
     config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
@@ -99,7 +99,7 @@ def save_tiny_qwen2(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl_mp.data.tiny_tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
 
     output_dir = Path(output_dir)
     tokenizer = build_tiny_tokenizer()

@@ -12,11 +12,12 @@ import json
 import logging
 import sys
 
+from verl_mp.utils.errors import RunFailed
+
 # Modules that contribute subcommands, in help order. Each exposes add_subcommands().
 SUBCOMMAND_MODULES = (
-    "verl_mp.trainer.cli",
-    "verl_mp.cli_engine",
-    "verl_mp.rollout.cli",
+    "verl_mp.cli.train",
+    "verl_mp.cli.engine",
 )
 
 
@@ -55,13 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("args", nargs=argparse.REMAINDER)
     launch.set_defaults(func=_launch)
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real import error inside the module: surface it
-                raise
-            continue
-        module.add_subcommands(sub)
+        importlib.import_module(name).add_subcommands(sub)
     return parser
 
 
@@ -70,9 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:  # configuration errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError) as exc:  # the user's input: one clear line, no traceback
         print(f"verl-mp {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # the processes' own error, last and once (the log has the rest)
+        print(f"verl-mp {args.command}: run failed: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ Every rank runs the same generator (`WeightSync.iter_weights`); the rollout back
   ``reload_weights`` takes its own TP slice of each (any rollout TP, the HF backend too).
 - ``local`` (training TP == rollout TP, vLLM keeps plain parameters): each rank yields its
   own shards under vLLM's parameter names, permuted into vLLM's layout
-  (`verl_mp.rollout.vllm_layout`), and vLLM copies them in place
+  (`verl_mp.bridge.vllm_layout`), and vLLM copies them in place
   (``is_checkpoint_format=False``). No TP communication, except the vocabulary tensors
   when the two engines pad the vocabulary differently.
 
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from verl_mp.bridge import vllm_layout
 from verl_mp.config.rollout import WEIGHT_SYNC_MODES
 from verl_mp.engine.layout import megatron_param_layout
 from verl_mp.engine.runtime import ParallelState
 from verl_mp.models.convert import megatron_to_hf
 from verl_mp.models.spec import GPTSpec
-from verl_mp.rollout import vllm_layout
 
 logger = logging.getLogger(__name__)
 

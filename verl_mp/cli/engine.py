@@ -89,7 +89,7 @@ def run_verify(args) -> int:
         out = Path(tmp) / "verify.json"
         cli = ["--model", args.model, "--tp", args.tp, "--pp", args.pp, "--dtype", args.dtype,
                "--backend", args.backend, "--out", out]
-        _launch("verl_mp.engine.verify", args.tp * args.pp, cli)
+        _launch("verl_mp.cli.rank_verify", args.tp * args.pp, cli)
         result = json.loads(out.read_text())
     tol = args.tol
     if tol is None:
@@ -121,7 +121,7 @@ def run_verify_rollout(args) -> int:
     check_vllm()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verify_rollout.json"
-        _launch("verl_mp.rollout.verify", world, ["--model", args.model, "--tp", args.tp, "--pp", args.pp,
+        _launch("verl_mp.cli.rank_verify_rollout", world, ["--model", args.model, "--tp", args.tp, "--pp", args.pp,
                                                   "--rollout-tp", args.rollout_tp, "--dtype", args.dtype,
                                                   "--sync-mode", args.sync_mode, "--out", out])
         result = json.loads(out.read_text())
@@ -138,13 +138,13 @@ def run_convert(args) -> int:
     if args.direction == "hf-to-megatron":
         preflight(args.src, args.tp, args.pp)
     else:
-        from verl_mp.engine.convert import HF_SUBDIR, checkpoint_role
+        from verl_mp.cli.rank_convert import HF_SUBDIR, checkpoint_role
 
         checkpoint_role(args.src)
         preflight(Path(args.src) / HF_SUBDIR, args.tp, args.pp, config_only=True)
     cli = [args.direction, "--src", args.src, "--out", args.out, "--tp", args.tp, "--pp", args.pp,
            "--dtype", args.dtype] + (["--critic"] if args.critic else [])
-    _launch("verl_mp.engine.convert", args.tp * args.pp, cli)
+    _launch("verl_mp.cli.rank_convert", args.tp * args.pp, cli)
     print(json.dumps({"converted": args.direction, "out": str(args.out), "tp": args.tp, "pp": args.pp}))
     return 0
 
@@ -156,21 +156,3 @@ def _launch(module: str, nproc: int, cli: list) -> None:
         print(f"{module} failed on {nproc} ranks (exit {err.returncode}); see the rank logs above",
               file=sys.stderr)
         raise SystemExit(err.returncode or 1) from None
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry (``python -m verl_mp.cli_engine``) until the lead wires verl_mp.cli."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="verl-mp")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The embedded demo: a tiny Qwen2 model learns, with GRPO on a CPU, what its warm start got wrong.
 
-Nothing is downloaded: the project writes the data (`verl_mp.data.synthetic`, problems
+Nothing is downloaded: the project writes the data (`verl_mp.demo.task`, problems
 like ``What is 374+8?``), builds the tokenizer and a random tiny Qwen2 model, then
 warm-starts it with a short supervised stage that imitates a sloppy teacher: the sums
 are right, but most answers end with a period (``#### 382.``), which the exact-match
@@ -84,7 +84,7 @@ def prepare_demo(cfg: RootConfig, settings: DemoSettings = DemoSettings()) -> Ro
 
 def demo_key(settings: DemoSettings) -> str:
     """12 hex digits over the settings and the tokenizer (its pipeline and chat template)."""
-    from verl_mp.data.tiny_tokenizer import build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     identity = json.dumps({"settings": asdict(settings), "tokenizer": tok.backend_tokenizer.to_str(),
@@ -113,8 +113,8 @@ def _cached(record: Path, model_dir: Path) -> bool:
 
 
 def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None:
-    from verl_mp.data.synthetic import write_synthetic_dataset
-    from verl_mp.models.tiny import save_tiny_qwen2
+    from verl_mp.demo.task import write_synthetic_dataset
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
 
     logger.info("demo: building data and a tiny model under %s (one-time, ~2 min)", root)
     start = time.monotonic()

@@ -1,0 +1,74 @@
+"""torchrun (SPMD) rank program: every rank builds its worker and runs the same loop.
+
+Launched by `verl_mp.trainer.run` (``verl-mp train``) or by a multi-node launcher
+(launch/slurm.sbatch) with ``--config RUN_DIR/config.yaml``: every rank reads the one
+resolved configuration the driver validated and saved, and the run plan next to it
+(``plan.yaml``: what this process hosts and how each engine is configured). Each rank
+records its phase (`verl_mp.trainer.status`) so that a failure names the rank and phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import torch.distributed as dist
+
+
+def _broadcast(obj):
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def run(config_path: str) -> None:
+    from omegaconf import OmegaConf
+
+    from verl_mp.config.schema import RootConfig
+    from verl_mp.engine.runtime import init_distributed
+    from verl_mp.plan import load_plan
+    from verl_mp.trainer.loop import RLTrainer
+    from verl_mp.trainer.run import PLAN_FILE
+    from verl_mp.trainer.setup import build_inputs
+    from verl_mp.trainer.status import RankStatus
+    from verl_mp.utils.launch import exit_cleanly_on_sigterm, exit_with_launcher
+    from verl_mp.workers.groups import LocalGroup, WorkerGroups
+    from verl_mp.workers.rank_worker import RankWorker
+
+    exit_with_launcher()
+    exit_cleanly_on_sigterm()
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(config_path)))
+    plan = load_plan(os.path.join(os.path.dirname(config_path), PLAN_FILE))
+    init_distributed()
+    rank = dist.get_rank()
+    status = RankStatus(cfg.trainer.default_local_dir, rank)
+    worker = inputs = None
+    try:
+        worker = RankWorker(plan, "actor_rollout_ref")
+        inputs = build_inputs(cfg, score_rewards=rank == 0)
+        trainer = RLTrainer(cfg, plan, inputs, WorkerGroups(plan, {"actor_rollout_ref": LocalGroup(worker)}),
+                            rank=rank, broadcast=_broadcast, barrier=dist.barrier, on_phase=status.phase)
+        trainer.fit()
+        dist.barrier()
+    except SystemExit:  # stopped by the launcher (SIGTERM) after another rank failed
+        raise
+    except BaseException as err:
+        status.failed(err)
+        raise
+    finally:
+        if worker is not None:
+            worker.close()
+        if inputs is not None and inputs.reward is not None:
+            inputs.reward.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(p.parse_args().config)
+
+
+if __name__ == "__main__":
+    main()

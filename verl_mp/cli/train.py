@@ -1,0 +1,58 @@
+"""`verl-mp train [--config-name PRESET] [key=value ...]`.
+
+Loads the configuration (dataclass defaults <- preset YAML <- dotlist overrides), picks
+the embedded demo when the user gave neither a model nor data, and hands the run to
+`verl_mp.trainer.run.run`, which validates everything before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from verl_mp.config.loader import list_presets, load_config
+
+DEMO_PRESET = "tiny_cpu"
+"""The default preset: with no model.path and no data it runs the embedded demo."""
+
+
+def add_subcommands(sub) -> None:
+    p = sub.add_parser("train", help="run RL training (default: the embedded tiny CPU demo)",
+                       description=__doc__.splitlines()[0])
+    add_arguments(p)
+    p.set_defaults(func=train)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config-name", default=DEMO_PRESET,
+                   help=f"preset in megatron_configs/ ({', '.join(list_presets())}) or a YAML path "
+                        f"(default: {DEMO_PRESET}, the embedded demo)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="validate, prepare the demo if needed, write the resolved config and plan, and stop "
+                        "(multi-node launchers then start verl_mp.cli.rank_train on every node)")
+    p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. actor.optim.lr=1e-6")
+
+
+def train(args) -> int:
+    from verl_mp.trainer.run import run
+
+    cfg = load_config(args.config_name, args.overrides)
+    if not cfg.model.path:
+        cfg = demo_config(cfg, args.config_name)
+    return run(cfg, prepare_only=args.prepare_only)
+
+
+def demo_config(cfg, config_name: str):
+    """The embedded demo, only when the user gave neither a model nor data: it never
+    replaces what the user set."""
+    given = [f"data.{k}={v}" for k in ("train_files", "val_files") if (v := getattr(cfg.data, k))]
+    if given:
+        raise ValueError(f"model.path is empty but {', '.join(given)} is set: the embedded demo never replaces "
+                         "your data. Give model.path=HF_DIR to train your model on it, or leave model.path and "
+                         "data.* unset to run the demo (`verl-mp train`)")
+    if config_name != DEMO_PRESET:
+        raise ValueError(f"model.path is empty: --config-name {config_name} needs model.path=HF_DIR and "
+                         "data.train_files=[...] (parquet). The embedded demo runs with the default preset: "
+                         "`verl-mp train` with no model or data")
+    from verl_mp.demo.warm_start import prepare_demo
+
+    return prepare_demo(cfg)

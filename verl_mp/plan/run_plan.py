@@ -1,0 +1,168 @@
+"""`RunPlan` and `build_plan` (see the package doc)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from omegaconf import OmegaConf
+
+from verl_mp.algo import estimator_spec
+from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.placement import Placement, resolve_placement
+from verl_mp.config.rollout import RolloutConfig
+from verl_mp.config.schema import (
+    ActorConfig,
+    CriticConfig,
+    EngineRoleConfig,
+    RewardModelConfig,
+    RootConfig,
+)
+from verl_mp.engine.config import EngineConfig
+
+ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
+"""What a process can host. The actor, its reference and the rollout always share the
+``actor_rollout_ref`` group; the critic and the reward model join it unless placed apart."""
+ENGINE_ROLES = ("actor", "ref", "critic")
+GROUPS = ("actor_rollout_ref", "critic", "reward_model")
+"""Worker groups, named by the placement key (``trainer.placement.roles.<group>``)."""
+
+
+@dataclass(kw_only=True)
+class GroupPlan:
+    """One worker group: the processes of one pool, one torch.distributed world."""
+
+    name: str
+    pool: str
+    node_counts: list[int]
+    """Ranks per node."""
+    roles: list[str]
+    """The roles every process of the group hosts (a subset of `ROLES`)."""
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.node_counts)
+
+
+@dataclass(kw_only=True)
+class RunPlan:
+    model_path: str
+    dtype: str
+    """Training dtype; the rollout computes in it too."""
+    seed: int
+    groups: dict[str, GroupPlan] = field(default_factory=dict)
+    """The groups of this run (only those hosting a role), by name (`GROUPS`)."""
+    actor: EngineConfig
+    ref: EngineConfig | None = None
+    critic: EngineConfig | None = None
+    rollout: RolloutConfig
+    reward_model: RewardModelConfig | None = None
+    actor_loss: ActorConfig
+    """The actor's loss settings (policy loss, clipping, aggregation, entropy, KL loss)."""
+    critic_loss: CriticConfig
+    mini_batch_rows: int
+    """Samples per optimizer step: actor.ppo_mini_batch_size prompts x rollout.sampling.n."""
+    temperature: float
+    """Sampling temperature the log-probs are computed at (1.0 for greedy sampling)."""
+
+    def group_of(self, role: str) -> str:
+        """The name of the group hosting ``role``."""
+        for name, group in self.groups.items():
+            if role in group.roles:
+                return name
+        raise ValueError(f"this run has no {role}")
+
+    def has(self, role: str) -> bool:
+        return any(role in g.roles for g in self.groups.values())
+
+    def engine(self, role: str) -> EngineConfig:
+        config = getattr(self, role)
+        if config is None:
+            raise ValueError(f"this run has no {role} engine")
+        return config
+
+
+def critic_enabled(cfg: RootConfig) -> bool:
+    """``critic.enable``, or when unset: whether the advantage estimator needs values."""
+    if cfg.critic.enable is not None:
+        return cfg.critic.enable
+    return estimator_spec(cfg.algorithm.adv_estimator).needs_critic
+
+
+def reference_enabled(cfg: RootConfig) -> bool:
+    """A KL term (loss or reward penalty), or an estimator that reads reference log-probs."""
+    a = cfg.algorithm
+    return cfg.actor.use_kl_loss or a.use_kl_in_reward or estimator_spec(a.adv_estimator).needs_reference
+
+
+def critic_layout(cfg: RootConfig) -> ParallelConfig:
+    """``critic.megatron``, or the actor's layout when unset."""
+    return cfg.critic.megatron if cfg.critic.megatron is not None else cfg.actor.megatron
+
+
+def enabled_roles(cfg: RootConfig) -> dict[str, bool]:
+    """Which placement groups have work in this run."""
+    return {"actor_rollout_ref": True, "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable}
+
+
+def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
+    """The plan of a checked configuration (`verl_mp.trainer.setup.preflight` checks it)."""
+    placement = placement or resolve_placement(cfg.trainer, enabled_roles(cfg))
+    use_critic, use_ref = critic_enabled(cfg), reference_enabled(cfg)
+    horizon = _optimizer_steps(cfg)
+    critic_parallel = critic_layout(cfg) if not placement.colocated("critic") else cfg.actor.megatron
+    t = cfg.rollout.sampling.temperature
+    return RunPlan(
+        model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.trainer.seed,
+        groups=_groups(placement, use_critic, use_ref, cfg.reward_model.enable),
+        actor=_engine(cfg, "actor", cfg.actor, cfg.actor.megatron, horizon),
+        ref=_engine(cfg, "ref", cfg.ref, cfg.actor.megatron, horizon) if use_ref else None,
+        critic=_engine(cfg, "critic", cfg.critic, critic_parallel, horizon, cfg.critic.ppo_epochs)
+        if use_critic else None,
+        rollout=replace(cfg.rollout, dtype=cfg.model.dtype),
+        reward_model=cfg.reward_model if cfg.reward_model.enable else None,
+        actor_loss=cfg.actor, critic_loss=cfg.critic,
+        mini_batch_rows=cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n,
+        temperature=t if t > 0 else 1.0,
+    )
+
+
+def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
+    per_rl_step = (epochs or cfg.actor.ppo_epochs) * (cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size)
+    return max(1, cfg.trainer.total_steps * per_rl_step)
+
+
+def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: ParallelConfig, horizon: int,
+            epochs: int | None = None) -> EngineConfig:
+    """Every setting of ``section`` (actor, ref or critic) in the engine's own terms."""
+    return EngineConfig(
+        model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel, optim=section.optim,
+        total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon,
+        micro_batch_size=section.micro_batch_size,
+        max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
+        remove_padding=section.remove_padding, attention_backend=section.attention_backend,
+        recompute=section.recompute, recompute_num_layers=section.recompute_num_layers,
+        offload_params=section.offload.params, offload_grads=section.offload.grads,
+        offload_optimizer=section.offload.optimizer, seed=cfg.trainer.seed,
+    )
+
+
+def _groups(placement: Placement, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, GroupPlan]:
+    actor_roles = ["actor", "rollout"] + (["ref"] if use_ref else [])
+    groups = {"actor_rollout_ref": actor_roles}
+    for role, enabled in (("critic", use_critic), ("reward_model", use_rm)):
+        if enabled:
+            groups["actor_rollout_ref" if placement.colocated(role) else role] = \
+                groups.get("actor_rollout_ref" if placement.colocated(role) else role, []) + [role]
+    return {name: GroupPlan(name=name, pool=placement.roles[name], node_counts=placement.node_counts(name),
+                            roles=roles) for name, roles in groups.items()}
+
+
+# -- plan.yaml ------------------------------------------------------------------------------------
+def save_plan(plan: RunPlan, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.structured(plan)))
+
+
+def load_plan(path: str) -> RunPlan:
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunPlan), OmegaConf.load(path)))
+

@@ -1,0 +1,124 @@
+"""WorkerGroups: the driver's one handle on the processes, one named method per phase.
+
+A group is a set of processes that each hold a `RankWorker` for the same roles: a
+`RayWorkerGroup` (one Ray actor per rank, `verl_mp.workers.ray_group`) or, under torchrun,
+a `LocalGroup` (this process's own worker: every rank runs the loop and makes the same
+calls). `WorkerGroups` sends each phase to the groups that host its roles, concurrently,
+and waits for all of them: one round trip per phase, counted for the step's metrics
+(``perf/driver_round_trips``, and the tensor bytes sent, ``perf/driver_sent_mb``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from verl_mp.data.rl_batch import RLBatch
+from verl_mp.plan import RunPlan
+from verl_mp.workers.protocol import ForwardRequest, ForwardResult, RLWorker, UpdateRequest
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """A rank failed inside a worker call; the message names the group, rank and phase."""
+
+
+class LocalGroup:
+    """This process's `RankWorker` (torchrun SPMD): calls run in place."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.name = worker.group
+
+    def submit(self, method, *args):
+        try:
+            return getattr(self.worker, method.__name__)(*args)
+        except BaseException as err:
+            err.add_note(f"(worker group {self.name}, call {method.__name__})")
+            raise
+
+    def result(self, handle):
+        return handle
+
+    def shutdown(self) -> None:
+        self.worker.close()
+
+
+class WorkerGroups:
+    def __init__(self, plan: RunPlan, groups: dict[str, Any]):
+        self.plan, self.groups = plan, groups
+        self.round_trips = 0
+        self.sent_bytes = 0
+
+    # -- phases --------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], sampling):
+        return self._call(["rollout"], RLWorker.generate, prompt_ids, sampling)[0]
+
+    def score(self, texts: list[str]) -> torch.Tensor:
+        return self._call(["reward_model"], RLWorker.score, texts)[0]
+
+    def forward(self, batch: RLBatch, request: ForwardRequest) -> ForwardResult:
+        results = self._call(request.roles(), RLWorker.forward, batch, request)
+        merged = results[0]
+        for r in results[1:]:
+            merged = merged.merge(r)
+        return merged
+
+    def update(self, batch: RLBatch, request: UpdateRequest) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for part in self._call(request.roles(), RLWorker.update, batch, request):
+            metrics.update(part)
+        return metrics
+
+    def sync_weights(self) -> dict[str, float]:
+        return self._call(["rollout"], RLWorker.sync_weights)[0]
+
+    # -- run state -----------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        self._call([r for r in ("actor", "critic") if self.plan.has(r)], RLWorker.save_checkpoint, directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._call([r for r in ("actor", "critic") if self.plan.has(r)], RLWorker.load_checkpoint, directory)
+
+    def export_hf(self, directory: str) -> None:
+        self._call(["actor"], RLWorker.export_hf, directory)
+
+    def describe(self) -> dict[str, dict]:
+        """Each group's `RankWorker.describe` (rank 0's), by group name."""
+        names = list(self.groups)
+        handles = [self.groups[n].submit(RLWorker.describe) for n in names]
+        return {n: self.groups[n].result(h) for n, h in zip(names, handles, strict=True)}
+
+    def step_counters(self) -> dict[str, float]:
+        """Round trips and tensor bytes sent since the last call (then reset)."""
+        out = {"perf/driver_round_trips": float(self.round_trips), "perf/driver_sent_mb": self.sent_bytes / 2**20}
+        self.round_trips = self.sent_bytes = 0
+        return out
+
+    def shutdown(self) -> None:
+        for group in self.groups.values():
+            group.shutdown()
+
+    # -- fan-out -------------------------------------------------------------------------------
+    def _call(self, roles: list[str], method, *args) -> list:
+        """``method(*args)`` on every group hosting one of ``roles``, concurrently; their
+        results (rank 0's of each group) in group order. One round trip."""
+        names = sorted({self.plan.group_of(r) for r in roles}, key=list(self.groups).index)
+        self.round_trips += 1
+        self.sent_bytes += len(names) * _tensor_bytes(args)
+        handles = [self.groups[n].submit(method, *args) for n in names]
+        return [self.groups[n].result(h) for n, h in zip(names, handles, strict=True)]
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in ``obj`` (an RLBatch, lists, tuples): what a call ships."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, RLBatch):
+        return sum(_tensor_bytes(v) for v in vars(obj).values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0

@@ -1,0 +1,99 @@
+"""The worker interface: what the driver loop asks of the processes, one call per phase.
+
+Every process of a worker group holds a `RankWorker` (`verl_mp.workers.rank_worker`) and
+runs the same method with the same arguments (the methods are collective inside the
+group). The driver reaches them through `WorkerGroups` (`verl_mp.workers.groups`), which
+fans each call out, explicitly, to the groups hosting the roles it needs. One step of
+PPO is at most five such round trips (generate, score with a reward model, forward,
+update, sync) and one of GRPO four (`perf/driver_round_trips` counts them).
+
+Batches travel in the algorithm's layout (`verl_mp.data.rl_batch.RLBatch`, per-token
+tensors ``[B, T]`` over response tokens); the worker converts them to the engines'
+next-token layout ``[B, S]`` once per call (`verl_mp.workers.batch_io`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from verl_mp.config.rollout import SamplingConfig
+from verl_mp.data.rl_batch import RLBatch
+from verl_mp.rollout.types import RolloutOutput
+
+
+@dataclass(frozen=True)
+class ForwardRequest:
+    """What one forward phase computes (all from the same engine inputs)."""
+
+    old_log_probs: bool = True
+    """The actor's log-probs before the update."""
+    ref_log_probs: bool = False
+    values: bool = False
+
+    def roles(self) -> list[str]:
+        return [r for r, on in (("actor", self.old_log_probs), ("ref", self.ref_log_probs),
+                                ("critic", self.values)) if on]
+
+
+@dataclass
+class ForwardResult:
+    """``[B, T]`` fp32 per-token outputs on the CPU (None when not requested), and the
+    workers' metrics (``timing/<phase>_s`` for each engine pass)."""
+
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def merge(self, other: ForwardResult) -> ForwardResult:
+        """Combine the results of two groups (e.g. the actor's and a split critic's)."""
+        pick = {n: getattr(self, n) if getattr(self, n) is not None else getattr(other, n)
+                for n in ("old_log_probs", "ref_log_probs", "values")}
+        return ForwardResult(**pick, metrics={**self.metrics, **other.metrics})
+
+
+@dataclass(frozen=True)
+class UpdateRequest:
+    """Which models train in one update phase (the critic first, then the actor)."""
+
+    actor: bool = True
+    critic: bool = False
+
+    def roles(self) -> list[str]:
+        return [r for r, on in (("critic", self.critic), ("actor", self.actor)) if on]
+
+
+class RLWorker(Protocol):
+    """The methods every `RankWorker` offers; a method a process has no role for raises."""
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+        """Sample with the rollout engine; the actor's memory is handed over and back."""
+
+    def score(self, texts: list[str]) -> torch.Tensor:
+        """``[len(texts)]`` reward-model scores (each rank scores a share)."""
+
+    def forward(self, batch: RLBatch, request: ForwardRequest) -> ForwardResult:
+        """Old log-probs, reference log-probs and values of the hosted roles, in one pass
+        over the batch."""
+
+    def update(self, batch: RLBatch, request: UpdateRequest) -> dict[str, float]:
+        """PPO epochs of the hosted critic and actor over ``batch``; reduced metrics."""
+
+    def sync_weights(self) -> dict[str, float]:
+        """Actor shards -> the rollout engine."""
+
+    def save_checkpoint(self, directory: str) -> None: ...
+
+    def load_checkpoint(self, directory: str) -> None: ...
+
+    def export_hf(self, directory: str) -> None: ...
+
+    def describe(self) -> dict:
+        """What this process hosts: its roles, the engine configs it received, its world
+        size and the actor's FLOP parameter count."""
+
+    def close(self) -> None:
+        """Release what would outlive the process (shared memory); idempotent."""

@@ -1,0 +1,237 @@
+"""RankWorker: one process's share of a run, the roles its worker group hosts.
+
+Built from the `RunPlan` (never the run config) and a group name. The
+``actor_rollout_ref`` group is the colocated "hybrid engine": each process holds its
+shards of the actor, the reference policy and the vLLM rollout engine, and the critic
+and reward model unless they were placed on pools of their own; a split group hosts just
+its role, with a torch.distributed world of its own. It runs the same under torchrun and
+inside a Ray actor. Every method is collective over the group: all its processes call it
+with the same arguments. The method set is `verl_mp.workers.protocol.RLWorker`.
+
+Device memory is handed over in a fixed order every step (GPU): generation offloads what
+the plan says of the actor, frees cached allocator blocks, wakes vLLM, generates, puts
+vLLM to sleep and brings the actor back; the reference policy is loaded only for its
+forward pass when its parameters are offloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.data.rl_batch import RLBatch
+from verl_mp.engine.engine import MegatronEngine
+from verl_mp.plan import RunPlan
+from verl_mp.rollout import build_rollout
+from verl_mp.rollout.types import RolloutOutput
+from verl_mp.utils import memory
+from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
+from verl_mp.workers.faults import FaultInjector
+from verl_mp.workers.losses import actor_loss, critic_loss
+from verl_mp.workers.protocol import ForwardRequest, ForwardResult, UpdateRequest
+
+logger = logging.getLogger(__name__)
+
+
+class RankWorker:
+    def __init__(self, plan: RunPlan, group: str):
+        self.plan, self.group = plan, group
+        self.roles = list(plan.groups[group].roles)
+        self.faults = FaultInjector(dist.get_rank())
+        self.actor = self.ref = self.critic = self.rollout = self.sync = self.scorer = None
+        if "actor" in self.roles:
+            self.actor = _load(MegatronEngine(plan.actor))
+        if "ref" in self.roles:
+            self.ref = _load(MegatronEngine(plan.ref))
+            self._offload(self.ref)
+        if "critic" in self.roles:
+            self.critic = _load(MegatronEngine(plan.critic))
+        if "reward_model" in self.roles:
+            self.scorer = _reward_model(plan)
+        if "rollout" in self.roles:
+            from verl_mp.bridge.weight_sync import make_weight_sync
+
+            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups)
+            self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
+                                         plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
+                                         self.rollout)
+
+    # -- rollout --------------------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], sampling) -> RolloutOutput:
+        self.faults.check("generate")
+        rollout = self._hosted(self.rollout, "rollout")
+        metrics: dict[str, float] = {}
+        with memory.tracked("generate", metrics):
+            self._offload(self.actor)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
+            rollout.wake_up()
+            metrics.update(memory.snapshot("generate", "awake"))
+            out = rollout.generate(prompt_ids, sampling)
+            rollout.sleep()
+            self._onload(self.actor)
+        out.metrics.update(metrics)
+        return out
+
+    def sync_weights(self) -> dict[str, float]:
+        """Actor shards -> rollout engine (bucketed; the prefix cache is reset). The weights
+        stay awake; the KV cache wakes when generation starts."""
+        self.faults.check("sync_weights")
+        rollout = self._hosted(self.rollout, "rollout")
+        metrics: dict[str, float] = {}
+        with memory.tracked("weight_sync", metrics):
+            rollout.wake_up(["weights"])
+            rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
+        stats = self.sync.last_stats
+        return {**metrics, "rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
+                "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
+                "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9,
+                "rollout/sync_tp_gathered_bytes": float(stats.tp_gathered_bytes),
+                "rollout/sync_local": float(self.sync.kernel_format)}
+
+    # -- forward passes ----------------------------------------------------------------------------
+    def forward(self, batch: RLBatch, request: ForwardRequest) -> ForwardResult:
+        """The requested per-token outputs of the hosted roles, from one conversion of the
+        batch into the engines' layout."""
+        self.faults.check("forward")
+        inputs = engine_inputs(batch)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        result, t = ForwardResult(), self.plan.temperature
+        with memory.tracked("forward", result.metrics):
+            self._forward_roles(batch, request, ids, mask, t, result)
+        return result
+
+    def _forward_roles(self, batch, request, ids, mask, t, result) -> None:
+        for role in request.roles():
+            if role not in self.roles:
+                continue
+            start = time.perf_counter()
+            if role == "critic":
+                result.values = response_values(batch, self.critic.compute_values(ids, mask))
+            else:
+                engine = self.actor if role == "actor" else self.ref
+                self._onload(engine if role == "ref" else None)
+                lp = response_values(batch, engine.compute_log_probs(ids, mask, temperature=t))
+                self._offload(engine if role == "ref" else None)
+                setattr(result, "old_log_probs" if role == "actor" else "ref_log_probs", lp)
+            name = {"actor": "old_log_prob", "ref": "ref", "critic": "values"}[role]
+            result.metrics[f"timing/{name}_s"] = time.perf_counter() - start
+
+    def score(self, texts: list[str]) -> torch.Tensor:
+        """``[len(texts)]`` reward-model scores: each rank scores its share, all get all."""
+        scorer = self._hosted(self.scorer, "reward_model")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        parts: list = [None] * world
+        dist.all_gather_object(parts, scorer.score(shard(texts, rank, world)))
+        return torch.cat(parts)
+
+    # -- updates -----------------------------------------------------------------------------------
+    def update(self, batch: RLBatch, request: UpdateRequest) -> dict[str, float]:
+        """The critic's epochs (on the values the forward phase computed), then the actor's."""
+        self.faults.check("update")
+        metrics: dict[str, float] = {}
+        with memory.tracked("update", metrics):
+            self._update_roles(batch, request, metrics)
+        return metrics
+
+    def _update_roles(self, batch: RLBatch, request: UpdateRequest, metrics: dict[str, float]) -> None:
+        if request.critic and "critic" in self.roles:
+            start = time.perf_counter()
+            batch.require("values", "returns")
+            loss_cfg = self.plan.critic_loss
+            metrics.update(train_epochs(self.critic, batch, ["values", "returns"], epochs=loss_cfg.ppo_epochs,
+                                        mini_batch_size=self.plan.mini_batch_rows, prefix="critic",
+                                        make_loss=lambda g, s, t: critic_loss(loss_cfg, g, s, t)))
+            metrics["timing/update_critic_s"] = time.perf_counter() - start
+        if request.actor and "actor" in self.roles:
+            start = time.perf_counter()
+            loss_cfg = self.plan.actor_loss
+            batch.require("old_log_probs", "advantages")
+            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else [])
+            metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
+                                        mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
+                                        make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
+                                        temperature=self.plan.temperature,
+                                        with_entropy=loss_cfg.entropy_coeff != 0))
+            metrics["timing/update_actor_s"] = time.perf_counter() - start
+
+    # -- state -------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        """Writes ``directory/actor`` and ``directory/critic`` (the same wherever they run)."""
+        for role, engine in (("actor", self.actor), ("critic", self.critic)):
+            if engine is not None:
+                engine.save_checkpoint(os.path.join(directory, role))
+
+    def load_checkpoint(self, directory: str) -> None:
+        for role, engine in (("actor", self.actor), ("critic", self.critic)):
+            if engine is not None:
+                engine.load_checkpoint(os.path.join(directory, role))
+
+    def export_hf(self, directory: str) -> None:
+        self._hosted(self.actor, "actor").export_hf(directory)
+
+    def describe(self) -> dict:
+        engines = {r: e.config for r, e in (("actor", self.actor), ("ref", self.ref), ("critic", self.critic))
+                   if e is not None}
+        info = {"group": self.group, "roles": self.roles, "world_size": dist.get_world_size(), "engines": engines}
+        if self.actor is not None:
+            info["flop_params"] = flop_params(self.actor.spec)
+        return info
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()
+
+    # -- helpers -----------------------------------------------------------------------------------
+    @staticmethod
+    def _hosted(component, role: str):
+        if component is None:
+            raise ValueError(f"this worker hosts no {role} (disabled, or placed on another pool)")
+        return component
+
+    @staticmethod
+    def _offload(engine: MegatronEngine | None) -> None:
+        """Move what the engine's config says off the device (GPU only)."""
+        if engine is not None and torch.cuda.is_available() and not engine.offloaded:
+            engine.offload()
+
+    @staticmethod
+    def _onload(engine: MegatronEngine | None) -> None:
+        if engine is not None and engine.offloaded:
+            engine.onload()
+
+
+def _load(engine: MegatronEngine) -> MegatronEngine:
+    engine.load_hf()
+    return engine
+
+
+def _reward_model(plan: RunPlan):
+    from verl_mp.engine.runtime import local_device
+    from verl_mp.reward.reward_model import SequenceScorer
+    from verl_mp.utils.dtypes import TORCH_DTYPES
+
+    rm = plan.reward_model
+    return SequenceScorer.from_pretrained(rm.path, dtype=TORCH_DTYPES[rm.dtype], device=local_device(),
+                                          max_length=rm.max_length, batch_size=rm.micro_batch_size)
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank ``rank``'s contiguous share of ``items`` (sizes differ by at most one); the
+    shares of ranks 0..world-1, concatenated, are ``items`` in order."""
+    base, extra = divmod(len(items), world)
+    start = rank * base + min(rank, extra)
+    return list(items[start:start + base + (rank < extra)])
+
+
+def flop_params(spec) -> int:
+    """Matmul parameters per token of a forward pass, without the input embedding (FLOP
+    estimates: 2 x this x tokens forward, 6 x for training)."""
+    per_layer = (spec.hidden_size * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
+                 + spec.num_attention_heads * spec.head_dim * spec.hidden_size
+                 + 3 * spec.hidden_size * spec.ffn_hidden_size)
+    return spec.num_layers * per_layer + spec.vocab_size * spec.hidden_size
