@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# One GPU session on the H200 machine, in two back-to-back calls (vLLM comes in 2 parts):
-#   stash : carry .gpu-vllm/part1; keep it in ~/gvk (outside the checkout).
-#   main  : carry .gpu-vllm/part2 and .whl; install megatron-core/omegaconf + vLLM 0.26;
-#           run the gpu tests (colocated local sync, sleep/wake) at TP 1 and 2 and time the
-#           1-GPU weight syncs (1.5B and 7B shapes, gather and local modes).
-#   bench2: (right after main, same carry) the 2-GPU weight syncs; EXTRA_TESTS=... more gpu tests.
-#   train : (after stash, same carry as main) the fused-kernel engine test, a 4-step GRPO run of
-#           the real trainer (benchmarks/gpu_grpo.sh; GRPO_GPUS=0,1 SIZE=1.5b NPROC=2 TP=2 for
-#           two GPUs), the 7B 1-GPU sync; SKIP_KERNEL=1 / SKIP_BENCH=1 leave parts out.
-# Logs and JSON results go to $OUT.
+# One GPU session on the H200 machine, as back-to-back calls (the machine stays warm ~30 s
+# after a call, and files outside the checkout stay while it is up). vLLM 0.26 comes in two
+# parts (../shared/tools/gpu-vllm: build.sh .gpu-vllm); megatron-core, omegaconf and antlr
+# wheels for Python 3.12 in .whl/.
+#   stash        : carry .gpu-vllm/part1; keep it in ~/gvk (outside the checkout).
+#   grpo21 UTIL  : carry .gpu-vllm/part2 + .whl; issue 21's configuration: GRPO, random Qwen2-1.5B
+#                  body, 64 prompts x 8, <= 1024 new tokens, micro-batch 16, 10 steps, vLLM at
+#                  gpu_memory_utilization UTIL; per-step table with memory per phase.
+#   bench14      : same carry; rollout speed (standalone vLLM vs the project's rollout, with and
+#                  without log-probs, after sleep/wake) and the engine's training MFU.
+#   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
+# Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|main}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|main|train}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
-ngpu=$(nvidia-smi -L | wc -l)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>/dev/null
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 
 setup_python() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -24,6 +27,7 @@ setup_python() {
       || { tail -20 "$OUT/vllm_install.log"; exit 1; }
   fi
   export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
 }
 
 bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
@@ -33,9 +37,32 @@ bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one proces
   echo "sync $1 tp$2 rc=$?"; grep -E '^[{]' "$OUT/sync_$1_tp$2.log" | cut -c1-400
 }
 
-run_main() {  # 1-GPU test on GPU 0 while GPU 1 times the 1-GPU syncs; then the TP=2 test
+run_grpo21() {  # issue 21: the configuration that ran out of memory waking vLLM at step 2
+  local util=${1:-0.4}
   setup_python
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
+  SIZE=1.5b MAX_NEW=1024 MICRO=16 UTIL=$util STEPS=${STEPS:-10} GAP_FREQ=${GAP_FREQ:-5} timeout 560 \
+    bash benchmarks/gpu_grpo.sh "$OUT/grpo_util$util" > "$OUT/grpo_util$util.log" 2>&1
+  echo "grpo util=$util rc=$?"
+  grep -E "run failed|Error|error:" "$OUT/grpo_util$util.log" | tail -3 | cut -c1-400
+  cp "$OUT/grpo_util$util/metrics.jsonl" "$OUT/grpo_util${util}_metrics.jsonl" 2>/dev/null
+  python3 benchmarks/grpo_table.py "$OUT/grpo_util${util}_metrics.jsonl" 2>/dev/null
+}
+
+run_bench14() {  # issue 14: rollout speed side by side, and training MFU
+  setup_python
+  for mode in standalone project; do
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+      benchmarks/rollout_speed.py --mode $mode --model /tmp/rollout_model --out "$OUT/rollout_$mode.json" \
+      > "$OUT/rollout_$mode.log" 2>&1
+    echo "rollout $mode rc=$?"; grep -E '^[{]' "$OUT/rollout_$mode.log" | tail -1
+  done
+  CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/train_mfu.py --out "$OUT/train_mfu.json" > "$OUT/train_mfu.log" 2>&1
+  echo "train_mfu rc=$?"; grep -vE "Warning|warn|^\[|^ " "$OUT/train_mfu.log" | tail -9
+}
+
+run_main() {  # 1-GPU colocated sync test and the 1-GPU syncs; the TP=2 test on 2 GPUs
+  setup_python
   (CUDA_VISIBLE_DEVICES=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_cuda.py \
     tests/gpu/test_rollout_gpu.py -k "tp1pp1 or runtime" -s > "$OUT/gpu_tests_tp1.log" 2>&1; echo "tp1 tests rc=$?") &
   bench 1.5b 1 1; bench 7b 1 1
@@ -46,46 +73,20 @@ run_main() {  # 1-GPU test on GPU 0 while GPU 1 times the 1-GPU syncs; then the 
   grep -E "^[{]|passed|failed|Error" "$OUT/gpu_tests_tp2.log" | cut -c1-600 | tail -6
 }
 
-run_bench2() {  # the 2-GPU syncs, plus any extra GPU tests named in $EXTRA_TESTS on the side
+run_train() {  # the fused-kernel engine test, then a short GRPO run of the real trainer
   setup_python
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
-  bench 1.5b 2; bench 7b 2
-  if [ -n "${EXTRA_TESTS:-}" ]; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $EXTRA_TESTS -s > "$OUT/gpu_extra.log" 2>&1
-    echo "extra tests rc=$?"; grep -E "^[{]|passed|failed|Error" "$OUT/gpu_extra.log" | cut -c1-600 | tail -8
-  fi
-}
-
-run_train() {  # the fused-kernel engine test, a GRPO run of the real trainer on 1 GPU, the 7B sync again
-  setup_python
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
-  if [ -z "${SKIP_KERNEL:-}" ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_kernel_gpu.py \
-      -s > "$OUT/gpu_kernel.log" 2>&1; echo "kernel test rc=$?"
-    grep -E "^[{]|ms|GiB|passed|failed|Error" "$OUT/gpu_kernel.log" | cut -c1-300 | tail -8
-  fi
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_kernel_gpu.py \
+    -s > "$OUT/gpu_kernel.log" 2>&1; echo "kernel test rc=$?"
+  grep -E "^[{]|ms|GiB|passed|failed|Error" "$OUT/gpu_kernel.log" | cut -c1-300 | tail -8
   CUDA_VISIBLE_DEVICES=${GRPO_GPUS:-0} timeout 330 bash benchmarks/gpu_grpo.sh "$OUT/grpo" > "$OUT/grpo.log" 2>&1
-  echo "grpo rc=$?"; grep -E "step [0-9]|Error|error:" "$OUT/grpo.log" | cut -c1-400 | tail -8
-  [ -n "${SKIP_BENCH:-}" ] || bench 7b 1 0
-  [ -n "${SKIP_BENCH:-}" ] || { CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/seed_scope.py --prompts 256 \
-    --max-new-tokens 256 > "$OUT/seed_scope.log" 2>&1; echo "seed scope rc=$?"; grep -E '^[{]' "$OUT/seed_scope.log"; }
+  echo "grpo rc=$?"; python3 benchmarks/grpo_table.py "$OUT/grpo/metrics.jsonl" 2>/dev/null
 }
 
 case "$phase" in
-  quick)  # tight budget: the 1-GPU test on GPU 0 while GPU 1 times the sync
-    setup_python
-    [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
-    (CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_rollout_gpu.py \
-      -k tp1pp1 -s > "$OUT/gpu_tests.log" 2>&1; echo "gpu test rc=$?") &
-    for size in 1.5b 7b; do
-      CUDA_VISIBLE_DEVICES=1 timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-        benchmarks/weight_sync.py --size $size --out "$OUT/sync_${size}_tp1.json" > "$OUT/sync_${size}_tp1.log" 2>&1
-      echo "sync $size rc=$?"; grep -E '^[{]' "$OUT/sync_${size}_tp1.log" | tail -1
-    done
-    wait; grep -E "^[{]|passed|failed" "$OUT/gpu_tests.log" | tail -5 ;;
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
+  grpo21) run_grpo21 "${2:-0.4}" ;;
+  bench14) run_bench14 ;;
   main) run_main ;;
-  bench2) run_bench2 ;;
   train) run_train ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

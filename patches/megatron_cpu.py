@@ -20,6 +20,10 @@ What this shim does, only when ``torch.cuda.is_available()`` is False:
    type name that megatron's optimizer checks for. Outside the scope nothing changes, so
    vLLM and transformers in the same process never see it.
 
+3. The local attention's causal masks (``get_default_causal_mask``,
+   ``get_sliding_window_causal_mask``) are rebuilt on the CPU: activation recompute calls
+   them inside backward, outside the scope.
+
 Nothing here changes numerics: every op still runs the same torch kernel on the same
 data; only the device placement and CUDA bookkeeping are redirected.
 
@@ -156,6 +160,7 @@ def install() -> bool:
         torch.cuda.random.get_rng_state = _cpu_rng_get
         torch.cuda.random.set_rng_state = _cpu_rng_set
         _patch_megatron_rng()
+        _patch_megatron_masks()
         _INSTALLED = True
     return True
 
@@ -166,6 +171,25 @@ def _patch_megatron_rng() -> None:
 
     mrandom._set_cuda_rng_state = _megatron_set_rng_state
     mrandom._get_cuda_rng_state = _megatron_get_rng_state
+
+
+def _patch_megatron_masks() -> None:
+    """The local attention's causal masks are built with ``device="cuda"`` on every call,
+    also when activation recompute re-runs the forward inside backward, where the
+    ``megatron_scope`` mode is not active (autograd calls the recompute outside it)."""
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    def causal(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, device="cpu"), diagonal=1).bool()
+
+    def sliding(sq, skv, window_size):
+        m = torch.ones(sq, skv, dtype=torch.bool, device="cpu")
+        return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
+
+    for module in (utils, fused_softmax):
+        module.get_default_causal_mask = causal
+        module.get_sliding_window_causal_mask = sliding
 
 
 def _is_cuda_device(device) -> bool:

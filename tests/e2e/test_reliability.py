@@ -30,8 +30,15 @@ def _args(inputs, out, launcher="torchrun", steps=2):
     return [*RUN, *base_overrides(inputs, out, launcher, steps=steps)]
 
 
+MARK = "VERL_MP_TEST_RUN_MARK"
+"""Every process a run starts inherits its environment: torchrun ranks, Ray's processes and
+workers, reward pools. A marker there finds them all (`_processes_of`)."""
+
+
 def _cli(args, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "verl_mp", "train", *args], env={**os.environ, **(env or {})},
+    out = next(a for a in args if a.startswith("trainer.default_local_dir=")).split("=", 1)[1]
+    return subprocess.Popen([sys.executable, "-m", "verl_mp", "train", *args],
+                            env={**os.environ, **(env or {}), MARK: out},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -42,13 +49,15 @@ def _steps(out):
     return rows
 
 
-def _processes_of(text: str) -> list[int]:
+def _processes_of(out_dir: str) -> list[int]:
+    """Live processes started by the run writing ``out_dir`` (see `MARK`)."""
+    needle = f"{MARK}={out_dir}\0".encode()
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read() + b"\0":
                         pids.append(int(entry))
             except OSError:
                 continue
@@ -105,16 +114,39 @@ def test_a_failing_rank_is_named_with_its_phase(tiny_run_inputs, tmp_path, launc
     assert _gone(str(out), 30) and _segments() <= before
 
 
-def test_rank_killed_during_generation_then_exact_resume(tiny_run_inputs, tmp_path):
+@pytest.fixture(scope="module")
+def reference(tiny_run_inputs, tmp_path_factory):
+    """An uninterrupted 3-step run: what interrupted-and-resumed runs must reproduce."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    run_cli(_args(tiny_run_inputs, out, steps=3))
+    return _steps(out)
+
+
+def test_rank_killed_during_generation_then_exact_resume(tiny_run_inputs, tmp_path, reference):
     before = _segments()
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    run_cli(_args(tiny_run_inputs, full))
+    cut = tmp_path / "cut"
     started = time.time()
-    proc = _cli(_args(tiny_run_inputs, cut), env={"VERL_MP_FAULT": "generate:2:1:kill"})
+    proc = _cli(_args(tiny_run_inputs, cut, steps=3), env={"VERL_MP_FAULT": "generate:3:1:kill"})  # call 1 validates at step 0
     assert proc.wait(timeout=600) == 1
     last = proc.stderr.read().strip().splitlines()[-1]
     assert "rank 1 died in phase generate of step 2 without a Python error (SIGKILL" in last, last
     assert _gone(str(cut), 30), "ranks survived"
     assert time.time() - started < 300 and _segments() <= before
-    run_cli(_args(tiny_run_inputs, cut))  # resume_mode=auto: from step 1's checkpoint
-    assert _steps(cut)[2] == _steps(full)[2]
+    run_cli(_args(tiny_run_inputs, cut, steps=3))  # resume_mode=auto: from step 1's checkpoint
+    assert _steps(cut) == reference
+
+
+def test_ctrl_c_saves_stops_every_rank_and_resumes_exactly(tiny_run_inputs, tmp_path, reference):
+    out = tmp_path / "interrupted"
+    proc = _cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"])
+    deadline = time.time() + 400
+    while 1 not in (_steps(out) if (out / "metrics.jsonl").exists() else {}):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=300) == 130, proc.stderr.read()[-3000:]
+    assert _gone(str(out), 10)
+    saved = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
+    assert saved and saved[-1] in ("global_step_1", "global_step_2"), saved  # the step in progress, saved
+    run_cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"])
+    assert _steps(out) == reference  # the files of one consistent history

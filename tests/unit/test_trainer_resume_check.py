@@ -63,7 +63,6 @@ def saved_run(tmp_path):
     t = trainer(cfg)
     t.inputs.sampler.next_batch()
     t.save(2)
-    t.tracker.close()
     return cfg, tmp_path / "out" / "checkpoints" / "global_step_2"
 
 
@@ -171,7 +170,6 @@ def test_cli_refuses_a_stale_output_dir_before_anything_starts(tmp_path, monkeyp
             "data.max_prompt_length=64", f"trainer.default_local_dir={tmp_path / 'out'}"]
     old = trainer(load_config("grpo", [*args, "actor.optim.lr=0.5"]))  # an earlier run, another lr
     old.save(4)
-    old.tracker.close()
 
     def forbidden(*a, **k):
         raise AssertionError("a process was started despite a stale checkpoint")
@@ -183,6 +181,6 @@ def test_cli_refuses_a_stale_output_dir_before_anything_starts(tmp_path, monkeyp
     assert "global_step_4 was written by a different run" in err and "actor.optim.lr: 0.5" in err
     assert "trainer.resume_mode=disable" in err
     monkeypatch.setattr(trainer_run, "_finish", lambda cfg: None)
-    monkeypatch.setattr(trainer_run, "_run_ray", lambda cfg: None)
+    monkeypatch.setattr(trainer_run, "_run_ray", lambda cfg, plan, stop: None)
     monkeypatch.setattr("verl_mp.utils.launch.launch_local", lambda *a, **k: None)
     assert cli_main(["train", "--config-name", "grpo", *args, "trainer.resume_mode=disable"]) == 0

@@ -38,15 +38,20 @@ def test_jsonl_converts_values_and_stays_valid_json(tmp_path):
     ]
 
 
-def test_jsonl_flushes_each_line_and_appends_on_restart(tmp_path):
+def test_jsonl_flushes_each_line_and_a_resumed_run_drops_what_its_checkpoint_lacks(tmp_path):
     tracker = Tracker(["jsonl"], str(tmp_path), "p", "e")
-    tracker.log({"x": 1.0}, step=1)
-    assert len(read_jsonl(str(tmp_path / "metrics.jsonl"))) == 1  # visible before close
+    for step in (0, 1, 2, 3):  # an interrupted run: its last checkpoint is step 2
+        tracker.log({"x": float(step)}, step=step)
+    assert len(read_jsonl(str(tmp_path / "metrics.jsonl"))) == 4  # visible before close
     tracker.close()
     tracker.close()  # idempotent
-    with Tracker(["jsonl"], str(tmp_path), "p", "e") as tracker:
-        tracker.log({"x": 2.0}, step=2)
-    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+    with Tracker(["jsonl"], str(tmp_path), "p", "e", start_step=2) as tracker:  # resumed at 2
+        tracker.log({"x": 30.0}, step=3)
+    assert [(r["step"], r["x"]) for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
+    with Tracker(["jsonl"], str(tmp_path), "p", "e", start_step=0) as tracker:  # a fresh start
+        tracker.log({"x": 5.0}, step=1)
+    assert [r["step"] for r in read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1]
 
 
 def test_read_jsonl_skips_torn_last_line_only(tmp_path, caplog):

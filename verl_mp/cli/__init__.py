@@ -13,6 +13,7 @@ import logging
 import sys
 
 from verl_mp.utils.errors import RunFailed
+from verl_mp.utils.logs import setup_logging
 
 # Modules that contribute subcommands, in help order. Each exposes add_subcommands().
 SUBCOMMAND_MODULES = (
@@ -61,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    setup_logging(verbose=getattr(args, "verbose", True))
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:  # the user's input: one clear line, no traceback

@@ -28,6 +28,7 @@ def run(config_path: str) -> None:
     from verl_mp.config.schema import RootConfig
     from verl_mp.engine.runtime import init_distributed
     from verl_mp.plan import load_plan
+    from verl_mp.trainer.interrupt import stop_path
     from verl_mp.trainer.loop import RLTrainer
     from verl_mp.trainer.run import PLAN_FILE
     from verl_mp.trainer.setup import build_inputs
@@ -47,8 +48,10 @@ def run(config_path: str) -> None:
     try:
         worker = RankWorker(plan, "actor_rollout_ref")
         inputs = build_inputs(cfg, score_rewards=rank == 0)
+        stop_file = stop_path(cfg.trainer.default_local_dir)
         trainer = RLTrainer(cfg, plan, inputs, WorkerGroups(plan, {"actor_rollout_ref": LocalGroup(worker)}),
-                            rank=rank, broadcast=_broadcast, barrier=dist.barrier, on_phase=status.phase)
+                            rank=rank, broadcast=_broadcast, barrier=dist.barrier, on_phase=status.phase,
+                            should_stop=lambda: _broadcast(os.path.exists(stop_file) if rank == 0 else None))
         trainer.fit()
         dist.barrier()
     except SystemExit:  # stopped by the launcher (SIGTERM) after another rank failed

@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prepare-only", action="store_true",
                    help="validate, prepare the demo if needed, write the resolved config and plan, and stop "
                         "(multi-node launchers then start verl_mp.cli.rank_train on every node)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every library's log lines and warnings on the console (they always go to "
+                        "<trainer.default_local_dir>/logs/)")
     p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. actor.optim.lr=1e-6")
 
 
@@ -38,7 +41,7 @@ def train(args) -> int:
     cfg = load_config(args.config_name, args.overrides)
     if not cfg.model.path:
         cfg = demo_config(cfg, args.config_name)
-    return run(cfg, prepare_only=args.prepare_only)
+    return run(cfg, prepare_only=args.prepare_only, verbose=args.verbose)
 
 
 def demo_config(cfg, config_name: str):

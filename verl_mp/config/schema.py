@@ -246,9 +246,13 @@ class TrainerConfig:
     max_steps_this_run: int | None = None
     """Stop this invocation after this many steps (e.g. a job's time limit); a later run
     with resume_mode=auto continues. The LR schedule still spans total_steps."""
-    save_freq: int = 0
-    """Checkpoint every N steps (0: only at the end when save_final is set)."""
+    save_freq: int = 10
+    """Checkpoint every N steps (0: only at the end when save_final is set, and on an
+    interrupt when save_on_interrupt is set)."""
     save_final: bool = True
+    save_on_interrupt: bool = True
+    """On the first Ctrl-C (SIGINT) or SIGTERM: finish the step, save a checkpoint, stop every
+    rank and exit; a second Ctrl-C stops at once (the last checkpoint stays)."""
     test_freq: int = 5
     """Validate every N steps (0 disables); also before the first step when val_before_train."""
     val_before_train: bool = True

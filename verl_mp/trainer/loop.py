@@ -41,16 +41,20 @@ logger = logging.getLogger(__name__)
 class RLTrainer:
     def __init__(self, cfg: RootConfig, plan: RunPlan, inputs: RunInputs, workers, *, rank: int = 0,
                  broadcast: Callable[[Any], Any] = lambda x: x, barrier: Callable[[], None] | None = None,
-                 on_phase: Callable[[str, int], None] | None = None):
+                 on_phase: Callable[[str, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None):
         """``on_phase(phase, step)``: told when a phase starts (torchrun ranks record it, so
-        that a failure can be reported with the phase it happened in)."""
+        that a failure can be reported with the phase it happened in). ``should_stop()``:
+        asked after every step (the same answer on every rank); True saves (unless
+        ``trainer.save_on_interrupt=false``) and ends the run there."""
         self.cfg, self.plan, self.inputs, self.workers = cfg, plan, inputs, workers
         self.rank, self.broadcast = rank, broadcast
         self.is_main = rank == 0
         self.on_phase = on_phase or (lambda phase, step: None)
+        self.should_stop = should_stop or (lambda: False)
         out_dir = cfg.trainer.default_local_dir
-        self.tracker = Tracker(cfg.trainer.logger, out_dir, cfg.trainer.project_name,
-                               cfg.trainer.experiment_name, config=to_yaml(cfg), rank=rank)
+        self.tracker: Tracker | None = None
+        """Opened by `fit` once it knows the step it starts from."""
         self.ckpt = CheckpointManager(os.path.join(out_dir, "checkpoints"), cfg.trainer.max_ckpt_to_keep,
                                       rank=rank, world_barrier=barrier)
         self.kl_ctrl = steps.make_kl_controller(cfg.algorithm)
@@ -68,6 +72,9 @@ class RLTrainer:
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         start = self.resume()
+        t = self.cfg.trainer
+        self.tracker = Tracker(t.logger, t.default_local_dir, t.project_name, t.experiment_name,
+                               config=to_yaml(self.cfg), rank=self.rank, start_step=start)
         total = self.cfg.trainer.total_steps
         last: dict[str, float] = {}
         if self.cfg.trainer.val_before_train and start == 0 and self.cfg.trainer.test_freq:
@@ -80,10 +87,15 @@ class RLTrainer:
                 last = self.step(step)
                 if self.cfg.trainer.test_freq and (step % self.cfg.trainer.test_freq == 0 or step == total):
                     last.update(self.validate())
-                if self._should_save(step):
-                    self.save(step)
+                # Logged before the save: a resumed run drops what follows its checkpoint.
                 self.tracker.log(last, step=step)
+                stop = self.should_stop()
+                if self._should_save(step) or (stop and self.cfg.trainer.save_on_interrupt):
+                    self.save(step)
                 bar.update(last)
+                if stop:
+                    logger.warning("stopping after step %d as asked (signal); resume_mode=auto continues", step)
+                    break
         if self.cfg.trainer.export_hf_at_end and end == total:
             self.workers.export_hf(os.path.join(self.cfg.trainer.default_local_dir, "hf"))
         self.tracker.close()

@@ -119,10 +119,15 @@ class _ConsoleBackend:
 
 
 class _JsonlBackend:
-    """Appends one JSON object per step to ``<log_dir>/metrics.jsonl`` (append: resumes add)."""
+    """One JSON object per step in ``<log_dir>/metrics.jsonl``. A run that starts at step
+    ``start_step`` (resumed from that checkpoint, or 0) first drops the rows of later steps
+    (an interrupted run's steps that its checkpoint does not hold; they are run again), so
+    the file is always one consistent history."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, start_step: int = 0):
         self.path = os.path.join(log_dir, METRICS_FILENAME)
+        if os.path.exists(self.path):
+            _keep_rows(self.path, lambda row: start_step > 0 and row.get("step", 0) <= start_step)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float | None], step: int) -> None:
@@ -133,10 +138,21 @@ class _JsonlBackend:
         self._file.close()
 
 
-class _TensorboardBackend:
-    """Scalars to a SummaryWriter under ``<log_dir>/tensorboard``; the config as text."""
+def _keep_rows(path: str, keep) -> None:
+    """Rewrite a JSONL file atomically with the rows ``keep(row)`` accepts."""
+    rows = [line for line in open(path, encoding="utf-8") if line.strip() and keep(json.loads(line))]
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(rows)
+    os.replace(tmp, path)
 
-    def __init__(self, log_dir: str, config: Any):
+
+class _TensorboardBackend:
+    """Scalars to a SummaryWriter under ``<log_dir>/tensorboard``; the config as text.
+    A resumed run purges the events after its checkpoint's step (TensorBoard's
+    ``purge_step``), like the JSONL rows."""
+
+    def __init__(self, log_dir: str, config: Any, start_step: int = 0):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
@@ -144,7 +160,7 @@ class _TensorboardBackend:
                 "trainer.logger includes 'tensorboard' but it cannot be imported "
                 f"({exc}); `pip install tensorboard` or remove it from trainer.logger"
             ) from exc
-        self._writer = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"))
+        self._writer = SummaryWriter(log_dir=os.path.join(log_dir, "tensorboard"), purge_step=start_step + 1)
         if config is not None:
             self._writer.add_text("config", _config_as_markdown(config), global_step=0)
 
@@ -208,8 +224,11 @@ class Tracker:
         config: Any = None,
         rank: int = 0,
         stream: TextIO | None = None,
+        start_step: int = 0,
     ):
-        """``stream``: where the console backend writes (default: the console logger)."""
+        """``stream``: where the console backend writes (default: the console logger).
+        ``start_step``: the step this run continues from (its checkpoint's; 0 when fresh):
+        what the files hold after it is dropped."""
         unknown = [name for name in backends if name not in VALID_BACKENDS]
         if unknown:
             raise ValueError(
@@ -224,20 +243,20 @@ class Tracker:
         try:
             for name in dict.fromkeys(backends):  # de-duplicated, order kept
                 self._backends.append(
-                    self._make_backend(name, log_dir, project, experiment, config, stream)
+                    self._make_backend(name, log_dir, project, experiment, config, stream, start_step)
                 )
         except BaseException:
             self.close()
             raise
 
     @staticmethod
-    def _make_backend(name, log_dir, project, experiment, config, stream) -> Any:
+    def _make_backend(name, log_dir, project, experiment, config, stream, start_step) -> Any:
         if name == "console":
             return _ConsoleBackend(stream)
         if name == "jsonl":
-            return _JsonlBackend(log_dir)
+            return _JsonlBackend(log_dir, start_step)
         if name == "tensorboard":
-            return _TensorboardBackend(log_dir, config)
+            return _TensorboardBackend(log_dir, config, start_step)
         return _WandbBackend(log_dir, project, experiment, config)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
@@ -309,10 +328,13 @@ class Progress:
     """A tqdm bar over training steps, shown on rank 0 only."""
 
     def __init__(self, total: int, initial: int = 0, rank: int = 0, file: TextIO | None = None):
+        import sys
+
         from tqdm import tqdm
 
-        self._bar = tqdm(
-            total=total, initial=initial, disable=rank != 0, desc="train", unit="step",
+        out = file or sys.stderr
+        self._bar = tqdm(  # a terminal only: in a log it duplicates the step lines
+            total=total, initial=initial, disable=rank != 0 or not out.isatty(), desc="train", unit="step",
             dynamic_ncols=True, file=file,
         )
         self._postfix: dict[str, str] = {}

@@ -65,6 +65,8 @@ def launch_local(
     preflight: Sequence[Callable[[], None]] = (),
     capture_output: bool = False,
     stderr_log: str | None = None,
+    own_session: bool = False,
+    console_filter: Callable[[str], bool] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``target`` (a module, or a script path with ``module=False``) on ``nproc`` ranks.
 
@@ -73,7 +75,9 @@ def launch_local(
     ``timeout_s`` (the whole process group is stopped then). ``stderr_log``: the ranks' and
     torchrun's stderr is copied there as it streams to ours, and its last lines are the
     error's ``stderr``. torchrun dies with this process (SIGKILL included), and stops its
-    ranks then.
+    ranks then. ``own_session``: torchrun and its ranks do not get the terminal's Ctrl-C
+    (the caller handles it); Ctrl-C or SIGTERM reaching this function stops them.
+    ``console_filter``: with ``stderr_log``, which lines also reach our stderr (all if None).
     """
     check_local_ranks(nproc)
     for check in preflight:
@@ -89,8 +93,8 @@ def launch_local(
     # the caller's group (Ctrl-C, a scheduler's SIGKILL) reaches every rank.
     proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, text=True,
                             stderr=subprocess.PIPE if (capture_output or stderr_log) else None,
-                            start_new_session=timeout_s is not None, preexec_fn=_die_with_parent)
-    tail = _tee(proc.stderr, stderr_log) if stderr_log and not capture_output else None
+                            start_new_session=own_session or timeout_s is not None, preexec_fn=_die_with_parent)
+    tail = _tee(proc.stderr, stderr_log, console_filter) if stderr_log and not capture_output else None
     try:
         out, err = proc.communicate(timeout=timeout_s) if tail is None else (proc.wait(timeout_s), None)
     except subprocess.TimeoutExpired:
@@ -122,11 +126,12 @@ def _die_with_parent() -> None:
 class _tee:
     """Copy a text stream to our stderr and a log file on a thread; keep its last lines."""
 
-    def __init__(self, stream, log_path: str, keep_lines: int = 400):
+    def __init__(self, stream, log_path: str, console_filter=None, keep_lines: int = 400):
         import collections
         import threading
 
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        self.console_filter = console_filter
         self.lines: collections.deque[str] = collections.deque(maxlen=keep_lines)
         self.thread = threading.Thread(target=self._copy, args=(stream, log_path), daemon=True)
         self.thread.start()
@@ -137,7 +142,8 @@ class _tee:
                 self.lines.append(line)
                 log.write(line)
                 log.flush()
-                sys.stderr.write(line)
+                if self.console_filter is None or self.console_filter(line):
+                    sys.stderr.write(line)
 
     def finish(self) -> str:
         self.thread.join(timeout=30)

@@ -104,11 +104,13 @@ class Runner:
         runs = {"base": {}, "packed": dict(remove_padding=True),
                 "dynamic": dict(micro_batch_size=None, max_tokens_per_micro_batch=40),
                 "packed_dynamic": dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40),
-                "sp": dict(sp=True), "packed_sp": dict(sp=True, remove_padding=True)}
+                "sp": dict(sp=True), "packed_sp": dict(sp=True, remove_padding=True),
+                "recompute_selective": dict(recompute="selective"), "recompute_full": dict(recompute="full"),
+                "local_recompute_full": dict(attention_backend="local", recompute="full")}
         for name, kw in runs.items():
             engine = self.engine("qwen3", role="actor", **kw)
             lp, ent = self.lp(engine, with_entropy=True, temperature=0.7)
-            out[name] = dict(lp=lp.tolist(), ent=ent.tolist())
+            out[name] = dict(lp=lp.tolist(), ent=ent.tolist(), before=self.lp(engine).tolist())
             b = batch_for(self.vocab(engine), 1)
             out[name]["metrics"] = engine.train_step(b, pg_loss(b), with_entropy=True)
             out[name]["after"] = self.lp(engine).tolist()

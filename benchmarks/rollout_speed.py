@@ -1,0 +1,129 @@
+"""Generation speed: vLLM on its own vs the project's rollout engine, same model, batch, GPU.
+
+Modes (run each in a process of its own: two vLLM engines do not share a process well):
+- ``standalone``: ``vllm.LLM.generate`` with the rollout's engine settings, without and
+  with per-token log-probs (``logprobs=0``);
+- ``project``: `VLLMRollout.generate` without and with log-probs, and right after a
+  ``sleep()`` + ``wake_up()`` (what every training step does).
+Each case: one warm-up call, then the median of ``--repeats`` calls; generated tokens/s.
+The loop's own generate phase is `timing/generate_tokens_per_s` of a GRPO run
+(benchmarks/gpu_session.sh runs one).
+
+    python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/rollout_speed.py \
+        --mode standalone --model DIR --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+BODY = {"0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
+        "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}
+
+
+def make_model(path: str, size: str) -> str:
+    """A random Qwen2 body with the project's tiny tokenizer (bf16)."""
+    import torch
+
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
+
+    if not (Path(path) / "config.json").exists():
+        save_tiny_qwen2(path, num_kv_heads=2, max_position_embeddings=2048, dtype=torch.bfloat16, **BODY[size])
+    return path
+
+
+def prompts(num: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(0)
+    return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
+
+
+def timed(fn, repeats: int) -> tuple[float, int]:
+    fn()  # warm-up
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn()
+        runs.append((time.perf_counter() - start, tokens))
+    seconds = statistics.median(r[0] for r in runs)
+    tokens = runs[0][1]
+    return tokens / seconds, tokens
+
+
+def standalone(a) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=a.model, dtype="bfloat16", max_model_len=a.max_new_tokens + 64, seed=0,
+              gpu_memory_utilization=a.gpu_memory_utilization, logprobs_mode="processed_logprobs")
+    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(a.prompts)]
+    out = {}
+    for name, logprobs in (("no_logprobs", None), ("logprobs", 0)):
+        params = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_new_tokens, logprobs=logprobs, seed=None)
+
+        def run():
+            outs = llm.generate(batch, params, use_tqdm=False)
+            return sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+        out[name] = timed(run, a.repeats)[0]
+    return out
+
+
+def project(a) -> dict:
+    from verl_mp.config.rollout import RolloutConfig, SamplingConfig
+    from verl_mp.engine.runtime import init_distributed
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+
+    init_distributed()
+    cfg = RolloutConfig(dtype="bf16", max_model_len=a.max_new_tokens + 64,
+                        gpu_memory_utilization=a.gpu_memory_utilization)
+    rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
+    batch = prompts(a.prompts)
+    out = {}
+    for name, logprobs in (("no_logprobs", False), ("logprobs", True)):
+        sampling = SamplingConfig(n=a.n, max_new_tokens=a.max_new_tokens, logprobs=logprobs, seed=7)
+        out[name] = timed(lambda s=sampling: rollout.generate(batch, s).num_tokens, a.repeats)[0]
+    sampling = SamplingConfig(n=a.n, max_new_tokens=a.max_new_tokens, logprobs=False, seed=7)
+
+    def after_wake():
+        rollout.sleep()
+        rollout.wake_up()
+        start = time.perf_counter()
+        tokens = rollout.generate(batch, sampling).num_tokens
+        return tokens, time.perf_counter() - start
+
+    runs = [after_wake() for _ in range(a.repeats)]
+    out["no_logprobs_after_wake"] = runs[0][0] / statistics.median(r[1] for r in runs)
+    rollout.close()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=("standalone", "project"), required=True)
+    p.add_argument("--model", required=True, help="model directory (made here if it has no config.json)")
+    p.add_argument("--size", default="0.5b", choices=tuple(BODY))
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    make_model(a.model, a.size)
+    result = {"mode": a.mode, "prompts": a.prompts, "n": a.n, "max_new_tokens": a.max_new_tokens,
+              "tokens_per_s": standalone(a) if a.mode == "standalone" else project(a)}
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    os._exit(0)  # vLLM's in-process engine has no clean shutdown
+
+
+if __name__ == "__main__":
+    main()
