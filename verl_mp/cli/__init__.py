@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import sys
 
 from verl_mp.utils.errors import RunFailed

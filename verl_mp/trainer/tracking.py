@@ -332,9 +332,9 @@ class Progress:
 
         from tqdm import tqdm
 
-        out = file or sys.stderr
-        self._bar = tqdm(  # a terminal only: in a log it duplicates the step lines
-            total=total, initial=initial, disable=rank != 0 or not out.isatty(), desc="train", unit="step",
+        quiet = file is None and not sys.stderr.isatty()  # in a log file it only repeats the step lines
+        self._bar = tqdm(
+            total=total, initial=initial, disable=rank != 0 or quiet, desc="train", unit="step",
             dynamic_ncols=True, file=file,
         )
         self._postfix: dict[str, str] = {}
