@@ -38,14 +38,23 @@ def train(args) -> int:
     preflight(cfg)
     preflight_resume(cfg)
     out_dir = cfg.trainer.default_local_dir
-    os.makedirs(out_dir, exist_ok=True)
-    config_path = os.path.join(out_dir, "config.yaml")
-    with open(config_path, "w") as f:
-        f.write(to_yaml(cfg))
-    logger.info("resolved config saved to %s\n%s", config_path, to_yaml(cfg))
-    if args.prepare_only:
-        print(config_path)
-        return 0
+    from verl_mp.utils.fs import DirLock
+
+    # One run per directory: a second one is refused (DirLockedError, a ValueError) before it
+    # overwrites config.yaml; the lock goes with this process. to_yaml writes no secrets.
+    with DirLock(out_dir, purpose="a verl_mp run"):
+        config_path = os.path.join(out_dir, "config.yaml")
+        with open(config_path, "w") as f:
+            f.write(to_yaml(cfg))
+        logger.info("resolved config saved to %s\n%s", config_path, to_yaml(cfg))
+        if args.prepare_only:
+            print(config_path)
+            return 0
+        _launch(cfg, config_path)
+    return 0
+
+
+def _launch(cfg, config_path: str) -> None:
     if cfg.trainer.launcher == "torchrun" and cfg.trainer.nnodes > 1:
         raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
@@ -63,7 +72,6 @@ def train(args) -> int:
     finally:
         shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg)
-    return 0
 
 
 def _run_ray(cfg) -> None:

@@ -19,9 +19,7 @@ def _broadcast(obj):
 
 
 def run(config_path: str) -> None:
-    from omegaconf import OmegaConf
-
-    from verl_mp.config.schema import RootConfig
+    from verl_mp.config.loader import load_config
     from verl_mp.engine.runtime import init_distributed
     from verl_mp.trainer.loop import RLTrainer
     from verl_mp.trainer.setup import build_inputs
@@ -31,7 +29,7 @@ def run(config_path: str) -> None:
 
     exit_with_launcher()
     exit_cleanly_on_sigterm()
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(config_path)))
+    cfg = load_config(config_path)  # also records its ${oc.env:...} keys, so none is written out
     init_distributed()
     rank = dist.get_rank()
     worker = HybridWorker(cfg)
