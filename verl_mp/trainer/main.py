@@ -102,15 +102,40 @@ def _run_ray(cfg) -> None:
 
 
 def _init_ray(cfg, placement) -> None:
-    """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool."""
+    """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool.
+
+    A local Ray serves on this machine's routable address (Ray binds no loopback-only mode),
+    so it runs with token authentication and a fresh token of its own, kept in the
+    environment of this run's processes (never written to ``~/.ray``). Joining a cluster
+    without token authentication gets a warning (docs/security.md says how to turn it on).
+    """
+    import secrets
+
     import ray
 
     from verl_mp.utils.shm import RUN_ID_ENV, ensure_run_id
 
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
+    auth_mode = os.environ.get("RAY_AUTH_MODE", "").lower()
     if os.environ.get("RAY_ADDRESS"):
+        if auth_mode != "token":
+            logger.warning("joining the Ray cluster at %s without token authentication (RAY_AUTH_MODE is "
+                           "not 'token'): whoever reaches its ports can run code in it; see docs/security.md",
+                           os.environ["RAY_ADDRESS"])
         ray.init(runtime_env=runtime_env, log_to_driver=True)
         return
+    if auth_mode == "disabled":
+        logger.warning("RAY_AUTH_MODE=disabled: the local Ray of this run accepts anyone who reaches its "
+                       "ports on this machine's network address; see docs/security.md")
+    else:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray 2.60 caches its auth mode and token when it is imported; re-read them from the
+        # environment (what its own tests do). Without it the driver is refused by its own GCS.
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
     # address="local": without it, ray.init joins the cluster that `ray start` last started on
     # this machine (it finds its address file) and then refuses num_cpus.
     ray.init(address="local", num_cpus=max(placement.num_ranks, os.cpu_count() or 1),
