@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from verl_mp.engine.runtime import ParallelState, megatron_scope
 from verl_mp.patches import dcp_safe_metadata
+from verl_mp.utils.fs import fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ def save_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
         with open(os.path.join(directory, META_FILE), "w") as f:
             json.dump({"layout": _layout(state), **(extra or {})}, f, indent=2)
             _flush_to_disk(f)
+        for name in ("common.pt", "metadata.json"):  # megatron writes these on rank 0 without fsync
+            if os.path.exists(os.path.join(directory, name)):
+                fsync_path(os.path.join(directory, name))
     dist.barrier()
 
 
