@@ -64,7 +64,7 @@ def _actor_class():
 
             # The group's store (served by this actor, rank 0) listens on loopback when the
             # cluster is this one machine, else on this node's address; the port stays held.
-            host = "127.0.0.1" if len(ray.nodes()) == 1 else get_node_ip_address()
+            host = "127.0.0.1" if sum(n["Alive"] for n in ray.nodes()) == 1 else get_node_ip_address()
             return host, reserve_port(host)
 
         def start(self, role: str, cfg: RootConfig, master_addr: str, master_port: int) -> str:
