@@ -8,6 +8,8 @@ children outlived ``close()``, a dying worker stalled the batch until the backst
 the allocation ran into the machine's memory, and there was no worker recycling.
 """
 
+import os
+import signal
 import time
 
 import pytest
@@ -189,6 +191,18 @@ def test_dead_worker_is_seen_at_once_and_the_batch_goes_on(fns, name, why):
     assert [o.status for o in outcomes] == ["ok", "error", "ok", "ok"]
     assert why in outcomes[1].message
     assert elapsed < 10.0  # far below one timeout (plus a new worker's start), no backstop
+
+
+def test_idle_worker_killed_between_batches_is_replaced(fns):
+    executor = RewardExecutor(num_workers=1, timeout_s=10)
+    try:
+        [first] = executor.run([(fns["pid"], ())])
+        os.kill(int(first.score), signal.SIGKILL)  # e.g. the OOM killer while the step trains
+        assert wait_dead([int(first.score)])
+        outcomes = executor.run([(fns["pid"], ()), (fns["fine"], ())])
+    finally:
+        executor.close()
+    assert [o.status for o in outcomes] == ["ok", "ok"] and outcomes[0].score != first.score
 
 
 def test_cancelled_alarm_still_times_out(fns):

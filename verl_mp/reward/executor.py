@@ -200,9 +200,9 @@ class RewardExecutor:
         todo = list(range(len(calls)))[::-1]  # popped from the end: call order
         while todo or any(w.index is not None for w in self._workers):
             self._fill(todo)
-            for worker in self._workers:
+            for worker in list(self._workers):
                 if worker.state == "idle" and todo:
-                    self._dispatch(worker, todo.pop(), calls, outcomes)
+                    self._dispatch(worker, todo, calls, outcomes)
             if self._workers:
                 wait([fd for w in self._workers for fd in w.fds()], timeout=self._wait_s())
                 self._service(outcomes, todo)
@@ -214,13 +214,19 @@ class RewardExecutor:
             self._workers.append(_Worker(worker_env(os.environ, self.pass_env), self.limits,
                                          self.timeout_s, self.start_timeout_s))
 
-    def _dispatch(self, worker: _Worker, index: int, calls, outcomes) -> None:
+    def _dispatch(self, worker: _Worker, todo: list[int], calls, outcomes) -> None:
+        index = todo.pop()
         try:
             payload = pickle.dumps(calls[index])
         except Exception as err:  # noqa: BLE001  (an argument that cannot travel)
             outcomes[index] = Outcome("error", message=f"cannot send the call: {type(err).__name__}: {err}")
             return
-        worker.send(index, payload, self.start_timeout_s)
+        try:
+            worker.send(index, payload, self.start_timeout_s)
+        except OSError as err:  # the idle worker died since its last call: the call goes to another
+            worker.index = None
+            todo.append(index)
+            self._lost(worker, outcomes, todo, f"{type(err).__name__}: {err}")
 
     def _wait_s(self) -> float:
         """Until the nearest deadline, at most 1 s (the poll where no pidfd is available)."""
