@@ -26,7 +26,7 @@ def stub(path: Path, body: str) -> None:
 def test_slurm_script_picks_a_free_port(inputs, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stub(bin_dir / "scontrol", "echo head-node; echo other-node")
+    stub(bin_dir / "scontrol", "echo head-node; sleep 0.2; echo other-node")  # late line: no SIGPIPE
     stub(bin_dir / "srun", f'printf "%s\\n" "$@" > {tmp_path}/srun_args')
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHON=sys.executable, GPUS_PER_NODE="2",
                SLURM_JOB_NODELIST="head-node,other-node", SLURM_JOB_NUM_NODES="1", SLURM_JOB_ID="42")
