@@ -47,6 +47,18 @@ def test_rng_state_round_trips_with_weights_only(tmp_path, monkeypatch):
     assert again[:3] == expected[:3] and torch.equal(again[3], expected[3])
 
 
+def test_rng_file_of_the_old_format_still_restores(tmp_path, monkeypatch):
+    """Checkpoints written before this change (plain random/numpy state tuples) resume."""
+    (tmp_path / "rng").mkdir()
+    random.seed(7), np.random.seed(8)
+    torch.save(dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                    cuda=None, tracker={}), tmp_path / "rng" / "rank0.pt")
+    expected = (random.random(), np.random.rand())
+    random.seed(0), np.random.seed(0)
+    _restore(tmp_path, monkeypatch)
+    assert (random.random(), np.random.rand()) == expected
+
+
 def test_rng_file_with_code_is_refused_and_named(tmp_path, monkeypatch):
     marker = tmp_path / "pwned"
     (tmp_path / "rng").mkdir()

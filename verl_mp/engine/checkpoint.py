@@ -219,11 +219,12 @@ def load_rng_file(path: str) -> dict:
 def _set_rng_state(rng: dict) -> None:
     from megatron.core import tensor_parallel
 
-    py = rng["python"]
-    random.setstate((py["version"], tuple(py["keys"].tolist()), py["gauss"]))
-    npy = rng["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["gauss"]))
+    py, npy = rng["python"], rng["numpy"]
+    # Tuples: a checkpoint written before the states were stored as tensors (it loads with
+    # weights_only thanks to megatron-core's safe globals for numpy arrays).
+    random.setstate(py if isinstance(py, tuple) else (py["version"], tuple(py["keys"].tolist()), py["gauss"]))
+    np.random.set_state(npy if isinstance(npy, tuple) else (
+        "MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"]))
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
