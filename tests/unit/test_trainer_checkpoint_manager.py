@@ -104,6 +104,7 @@ with open(staging + "/model.pt", "w") as f:
 def test_sigkill_before_commit_keeps_previous(tmp_path):
     manager = CheckpointManager(str(tmp_path))
     save(manager, 1)
+    manager.close()  # the writer below is the next run on this directory
     proc = subprocess.Popen(
         [sys.executable, "-c", _KILLED_WRITER, str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
@@ -169,3 +170,99 @@ def test_argument_errors(tmp_path):
     manager.staging_dir(1)
     with pytest.raises(ValueError, match="'step' is reserved"):
         manager.commit(1, {"step": 2})
+
+
+_KILLED_RESAVE = """
+import os, sys
+from verl_mp.trainer.checkpoint_manager import CheckpointManager
+kill_at, calls, real_replace = int(sys.argv[2]), [0], os.replace
+def replace(src, dst):
+    calls[0] += 1
+    if calls[0] == kill_at:
+        os._exit(9)  # killed: no cleanup runs
+    real_replace(src, dst)
+manager = CheckpointManager(sys.argv[1])
+staging = manager.staging_dir(7)
+with open(os.path.join(staging, "model.pt"), "w") as f:
+    f.write("new")
+os.replace = replace
+manager.commit(7)
+"""
+
+
+def complete_copies(root, step):
+    """Payloads of the complete copies of ``step`` anywhere under ``root`` (final or hidden)."""
+    found = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.endswith(f"global_step_{step}") and os.path.isfile(os.path.join(path, "meta.json")):
+            found.append((name, open(os.path.join(path, "model.pt")).read()))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3])
+def test_resave_killed_at_every_rename_never_loses_step(tmp_path, kill_at):
+    """Re-saving step 7 is killed at its 1st (old copy aside), 2nd (new copy in) and 3rd
+    (latest txt) rename: a complete copy of step 7 exists at every point, and the next start
+    publishes the new one. The code before this change deleted the old copy first: killed
+    at the first rename, the only complete copy was the staging dir, deleted at start."""
+    first = CheckpointManager(str(tmp_path))
+    save(first, 7, payload="old")
+    first.close()
+    proc = subprocess.run([sys.executable, "-c", _KILLED_RESAVE, str(tmp_path), str(kill_at)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 9, proc.stderr
+    assert complete_copies(tmp_path, 7), os.listdir(tmp_path)
+    restarted = CheckpointManager(str(tmp_path))
+    assert restarted.latest() == (7, str(tmp_path / "global_step_7"))
+    assert (tmp_path / "global_step_7" / "model.pt").read_text() == "new"
+    assert complete_copies(tmp_path, 7) == [("global_step_7", "new")]
+    assert (tmp_path / LATEST_FILENAME).read_text().strip() == "7"
+
+
+def test_complete_staging_dir_is_published_at_start(tmp_path):
+    """A crash after meta.json was written (the save was complete) leaves a staging dir
+    that the next start publishes instead of deleting (the old code deleted it)."""
+    manager = CheckpointManager(str(tmp_path))
+    save(manager, 1)
+    staging = manager.staging_dir(2)
+    with open(os.path.join(staging, "model.pt"), "w") as f:
+        f.write("two")
+    with open(os.path.join(staging, "meta.json"), "w") as f:
+        json.dump({"step": 2, "time": 0}, f)
+    manager.close()
+    restarted = CheckpointManager(str(tmp_path))
+    assert restarted.latest() == (2, str(tmp_path / "global_step_2"))
+    assert (tmp_path / "global_step_2" / "model.pt").read_text() == "two"
+    assert not (tmp_path / ".tmp_global_step_2").exists()
+
+
+_HOLDER = """
+import sys, time
+from verl_mp.trainer.checkpoint_manager import CheckpointManager
+manager = CheckpointManager(sys.argv[1])
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_second_run_is_refused_while_the_first_holds_the_directory(tmp_path):
+    from verl_mp.utils.fs import DirLockedError
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(DirLockedError, match=rf"in use by a checkpoint manager \(pid {holder.pid} "):
+            CheckpointManager(str(tmp_path))
+        CheckpointManager(str(tmp_path), rank=1).latest()  # readers (other ranks) are not refused
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        holder.stdout.close()
+    CheckpointManager(str(tmp_path)).close()  # a dead holder does not block
+
+
+def test_checkpoint_dirs_are_private(tmp_path):
+    manager = CheckpointManager(str(tmp_path))
+    path = save(manager, 1)
+    assert os.stat(path).st_mode & 0o777 == 0o700

@@ -23,9 +23,7 @@ def _broadcast(obj):
 
 
 def run(config_path: str) -> None:
-    from omegaconf import OmegaConf
-
-    from verl_mp.config.schema import RootConfig
+    from verl_mp.config.loader import load_config
     from verl_mp.engine.runtime import init_distributed
     from verl_mp.plan import load_plan
     from verl_mp.trainer.interrupt import stop_path
@@ -39,7 +37,7 @@ def run(config_path: str) -> None:
 
     exit_with_launcher()
     exit_cleanly_on_sigterm()
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RootConfig), OmegaConf.load(config_path)))
+    cfg = load_config(config_path)  # also records its ${oc.env:...} keys, so none is written out
     plan = load_plan(os.path.join(os.path.dirname(config_path), PLAN_FILE))
     init_distributed()
     rank = dist.get_rank()

@@ -1,15 +1,24 @@
-"""Load a run configuration: defaults (schema.py) <- preset YAML <- CLI dotlist."""
+"""Load a run configuration: defaults (schema.py) <- preset YAML <- CLI dotlist.
+
+Secrets: a value given as ``${oc.env:NAME}`` is resolved for the run but written out
+(`to_yaml`: the log, the saved ``config.yaml``, checkpoints, TensorBoard/W&B) as the
+reference ``${oc.env:NAME}``, never as its value; ranks that read ``config.yaml`` resolve it
+from their own (inherited) environment. A config field whose name looks like a secret
+(`verl_mp.utils.secrets.looks_secret`) must be given that way: a literal value is refused.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import typing
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from verl_mp.config.schema import RootConfig
+from verl_mp.utils.secrets import looks_secret
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "megatron_configs"
 
@@ -41,11 +50,15 @@ def load_config(config_name: str | None = None, overrides: list[str] | None = No
             merged = OmegaConf.merge(merged, _lists_from_strings(schema, OmegaConf.load(preset_path(config_name))))
         if overrides:
             merged = OmegaConf.merge(merged, _lists_from_strings(schema, _parse_dotlist(overrides)))
-        return OmegaConf.to_object(merged)
+        env_refs = _env_references(merged)
+        cfg = OmegaConf.to_object(merged)
     except (ConfigKeyError, ConfigAttributeError) as exc:
         raise ValueError(f"unknown config key: {_key_of(exc)}; {_valid_keys_hint(exc)}") from None
     except ValidationError as exc:
         raise ValueError(_invalid_value_message(schema, exc)) from None
+    _refuse_literal_secrets(cfg, (), env_refs)
+    _ENV_REFERENCES.update(env_refs)
+    return cfg
 
 
 def _parse_dotlist(overrides: list[str]):
@@ -93,6 +106,47 @@ def _type_name(tp) -> str:
     return name if name and not getattr(tp, "__args__", None) else str(tp).replace("typing.", "")
 
 
+_ENV_REFERENCES: dict[tuple, tuple[str, Any]] = {}
+"""Every config path loaded in this process from ``${oc.env:...}``: path -> (the text as
+written, the value it resolved to). `to_yaml` writes the text wherever the value is unchanged."""
+
+
+def _env_references(merged) -> dict[tuple, tuple[str, Any]]:
+    """Paths whose raw value uses the ``oc.env`` resolver, with raw text and resolved value."""
+    found: dict[tuple, tuple[str, Any]] = {}
+
+    def walk(raw: Any, path: tuple) -> None:
+        if isinstance(raw, dict):
+            for key, value in raw.items():
+                walk(value, path + (key,))
+        elif isinstance(raw, list):
+            for i, value in enumerate(raw):
+                walk(value, path + (i,))
+        elif isinstance(raw, str) and "oc.env" in raw and "${" in raw:
+            found[path] = (raw, _select(merged, path))
+
+    walk(OmegaConf.to_container(merged, resolve=False), ())
+    return found
+
+
+def _select(node: Any, path: tuple) -> Any:
+    for part in path:
+        node = node[part]
+    return node
+
+
+def _refuse_literal_secrets(cfg: Any, path: tuple, env_refs: dict) -> None:
+    """A dataclass field that looks secret must come from the environment, not the YAML/CLI."""
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), path + (f.name,)
+        if dataclasses.is_dataclass(value):
+            _refuse_literal_secrets(value, key, env_refs)
+        elif looks_secret(f.name) and isinstance(value, str) and value and key not in env_refs:
+            dotted = ".".join(map(str, key))
+            raise ValueError(f"{dotted} holds a literal secret; configs are saved and logged, so pass "
+                             f"it from the environment: {dotted}='${{oc.env:YOUR_VARIABLE}}'")
+
+
 def _key_of(exc) -> str:
     return str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or exc)
 
@@ -109,4 +163,13 @@ def _valid_keys_hint(exc) -> str:
 
 
 def to_yaml(cfg: RootConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The config as YAML, with ``${oc.env:...}`` references in place of their values."""
+    container = OmegaConf.to_container(OmegaConf.structured(cfg))
+    for path, (raw, resolved) in _ENV_REFERENCES.items():
+        try:
+            parent = _select(container, path[:-1])
+            if parent[path[-1]] == resolved:
+                parent[path[-1]] = raw
+        except (KeyError, IndexError, TypeError):
+            continue  # a path of another config loaded in this process
+    return OmegaConf.to_yaml(OmegaConf.create(container))

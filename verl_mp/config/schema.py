@@ -191,6 +191,30 @@ class RewardConfig:
     timeout_s: float = 10.0
     """A reward call slower than this scores 0 and counts in reward/num_timeout."""
     num_workers: int = 2
+    memory_limit_mb: int | None = 4096
+    """Address space of each reward worker (RLIMIT_AS); past it allocations fail and the
+    call counts as failed. None: no limit."""
+    cpu_limit_s: int | None = 3600
+    """CPU seconds a reward worker may use in its life (RLIMIT_CPU); past it the worker is
+    ended and its call counts as failed. None: no limit."""
+    max_open_files: int | None = 1024
+    """Open files of each reward worker (RLIMIT_NOFILE). None: inherited."""
+    max_processes: int | None = None
+    """RLIMIT_NPROC of reward workers. Linux counts all processes and threads of the user
+    and exempts root, so it is off by default; set it where workers run as their own user."""
+    max_calls_per_worker: int = 1000
+    """Calls after which a reward worker is replaced by a fresh one (leaks do not pile up)."""
+    pass_env: list[str] = field(default_factory=list)
+    """Environment variables reward workers keep although they look secret (``*_TOKEN``,
+    ``*_API_KEY``, ...: removed otherwise), e.g. the key of an LLM judge's API."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_limit_mb", "cpu_limit_s", "max_open_files", "max_processes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"reward.{name}={value} must be >= 1, or null for no limit")
+        if self.max_calls_per_worker < 1:
+            raise ValueError(f"reward.max_calls_per_worker={self.max_calls_per_worker} must be >= 1")
 
 
 @dataclass(kw_only=True)

@@ -8,6 +8,12 @@ moments in model space, so it too loads at any TP/PP/DP), the LR scheduler and t
 RNG states. RNG states are per rank (``rng/rank{r}.pt``) and are restored only when the
 checkpoint was written with the same world size and layout (a warning says so otherwise).
 
+Loading runs no code from the checkpoint: RNG files hold only tensors, ints and floats and are
+read with ``torch.load(weights_only=True)``; megatron's ``common.pt`` is read the same way by
+torch's default; DCP's ``.metadata`` pickle goes through `verl_mp.patches.dcp_safe_metadata`.
+A file that wants anything else is refused with an error naming it. Every rank fsyncs the
+files it writes (the checkpoint manager publishes the directory after a barrier).
+
 Note: megatron's torch_dist writer starts a spawn-context multiprocessing helper, so a
 script that saves must guard its entry point with ``if __name__ == "__main__":``.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 
 import numpy as np
@@ -24,6 +31,8 @@ import torch
 import torch.distributed as dist
 
 from verl_mp.engine.runtime import ParallelState, megatron_scope
+from verl_mp.patches import dcp_safe_metadata
+from verl_mp.utils.fs import fsync_path
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +63,7 @@ def load_model(chunks: list, directory: str) -> None:
 
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+    dcp_safe_metadata.install()
     with megatron_scope():
         loaded = dist_checkpointing.load(model_sharded_state_dict(chunks), directory)
     for i, chunk in enumerate(chunks):
@@ -109,11 +119,24 @@ def save_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
     dist.barrier()
     with megatron_scope():
         dist_checkpointing.save(_full_state(chunks, optimizer, scheduler, is_loading=False), directory)
-    torch.save(_rng_state(), os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt"))
+    rng_path = os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt")
+    with open(rng_path, "wb") as f:
+        torch.save(_rng_state(), f)
+        _flush_to_disk(f)
     if dist.get_rank() == 0:
         with open(os.path.join(directory, META_FILE), "w") as f:
             json.dump({"layout": _layout(state), **(extra or {})}, f, indent=2)
+            _flush_to_disk(f)
+        for name in ("common.pt", "metadata.json"):  # megatron writes these on rank 0 without fsync
+            if os.path.exists(os.path.join(directory, name)):
+                fsync_path(os.path.join(directory, name))
     dist.barrier()
+
+
+def _flush_to_disk(f) -> None:
+    """The writer fsyncs its own file: on a shared filesystem another node's fsync may not."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def read_meta(directory: str) -> dict:
@@ -131,6 +154,7 @@ def load_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
     from megatron.core import dist_checkpointing
 
     meta = read_meta(directory)
+    dcp_safe_metadata.install()
     with megatron_scope():
         loaded = dist_checkpointing.load(_full_state(chunks, optimizer, scheduler, is_loading=True), directory)
         for i, chunk in enumerate(chunks):
@@ -168,24 +192,48 @@ def _load_optimizer(optimizer, state_dict: dict) -> None:
 
 
 def _rng_state() -> dict:
+    """Every RNG of this rank as tensors, ints and floats only (loadable with weights_only)."""
     from megatron.core import tensor_parallel
 
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+    py_version, py_keys, py_gauss = random.getstate()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    return dict(python=dict(version=py_version, keys=torch.tensor(py_keys, dtype=torch.int64), gauss=py_gauss),
+                numpy=dict(keys=torch.from_numpy(np_keys.astype(np.int64)), pos=int(np_pos),
+                           has_gauss=int(np_has_gauss), gauss=float(np_gauss)),
+                torch=torch.get_rng_state(),
                 cuda=torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-                tracker=tensor_parallel.get_cuda_rng_tracker().get_states())
+                tracker=dict(tensor_parallel.get_cuda_rng_tracker().get_states()))
 
 
-def _maybe_restore_rng(directory: str, saved_layout: dict | None, state: ParallelState) -> None:
+def load_rng_file(path: str) -> dict:
+    """Read an ``rng/rank{r}.pt`` file without running code from it (``weights_only=True``)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise pickle.UnpicklingError(
+            f"{path}: refusing to load: it holds objects other than tensors and numbers, so "
+            f"loading it could run code ({err}). Do not resume from a checkpoint you did not "
+            "write; delete this file to resume without its RNG state.") from None
+
+
+def _set_rng_state(rng: dict) -> None:
     from megatron.core import tensor_parallel
 
-    if saved_layout != _layout(state):
-        logger.warning("RNG state not restored: checkpoint layout %s differs from %s",
-                       saved_layout, _layout(state))
-        return
-    rng = torch.load(os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt"), weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    py, npy = rng["python"], rng["numpy"]
+    # Tuples: a checkpoint written before the states were stored as tensors (it loads with
+    # weights_only thanks to megatron-core's safe globals for numpy arrays).
+    random.setstate(py if isinstance(py, tuple) else (py["version"], tuple(py["keys"].tolist()), py["gauss"]))
+    np.random.set_state(npy if isinstance(npy, tuple) else (
+        "MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"]))
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
     tensor_parallel.get_cuda_rng_tracker().set_states(rng["tracker"])
+
+
+def _maybe_restore_rng(directory: str, saved_layout: dict | None, state: ParallelState) -> None:
+    if saved_layout != _layout(state):
+        logger.warning("RNG state not restored: checkpoint layout %s differs from %s",
+                       saved_layout, _layout(state))
+        return
+    _set_rng_state(load_rng_file(os.path.join(directory, "rng", f"rank{dist.get_rank()}.pt")))

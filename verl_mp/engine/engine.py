@@ -30,6 +30,7 @@ from verl_mp.engine.optimizer import build_optimizer
 from verl_mp.engine.runtime import ensure_parallel, local_device
 from verl_mp.models.hf_checkpoint import open_hf_checkpoint
 from verl_mp.models.layer_spec import resolve_backend
+from verl_mp.utils.fs import fsync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class MegatronEngine:
             hf_dir = Path(directory) / "hf"
             hf_dir.mkdir(exist_ok=True)
             hf_weights.copy_config_and_tokenizer(self.hf.path, hf_dir, self.spec, self._source_dtype())
+            fsync_tree(str(hf_dir))  # by its writer (the checkpoint is published by another process)
         dist.barrier()
 
     def _source_dtype(self) -> torch.dtype:

@@ -6,6 +6,12 @@ DP rank 0 of every stage writes its stage's tensors into its own safetensors sha
 files (at most ``max_shard_bytes`` each, so no rank ever holds more than one stage
 plus one shard); global rank 0 then names the shards ``model-0000i-of-0000n``, writes the
 index, the config and the tokenizer files. ``out_dir`` must be visible to all ranks.
+
+Crash safety: everything is written into ``.<name>.staging`` next to ``out_dir`` (each writer
+fsyncs its shards) and published in one step (`verl_mp.utils.fs.publish_dir`): ``out_dir`` is
+the old export or the new one, never new shards beside a stale ``model.safetensors`` or an
+index naming files of both. After a crash between the two renames the old export waits at
+``.<name>.replaced`` and the next export puts it back before it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from verl_mp.models.convert import hf_to_megatron, megatron_to_hf, tp_shard_plan
 from verl_mp.models.hf_checkpoint import INDEX_FILE, HFCheckpoint, SliceReader
 from verl_mp.models.registry import causal_lm_to_critic_name
 from verl_mp.models.spec import GPTSpec
+from verl_mp.utils.fs import fsync_path, fsync_tree, publish_dir, recover_publish
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +102,7 @@ class _ShardWriter:
             return
         file = f"_stage{self.stage:03d}-{len(self.files):05d}.safetensors"
         save_file(self.pending, str(self.out_dir / file), metadata={"format": "pt"})
+        fsync_path(str(self.out_dir / file))  # by its writer: another node's fsync may not flush it
         self.files.append((file, list(self.pending), self._bytes()))
         self.pending = {}
 
@@ -106,12 +114,14 @@ def export_hf_weights(chunks: list, spec: GPTSpec, state: ParallelState, out_dir
 
     Collective over all ranks. ``source_dir`` provides ``config.json`` and the tokenizer
     files (copied unchanged, except the config's dtype/critic fields when they differ).
+    The export appears at ``out_dir`` all at once, replacing an earlier one there.
     """
     out_dir = Path(out_dir)
+    staging, _ = staging_paths(out_dir)
     if dist.get_rank() == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        prepare_staging(out_dir)
     dist.barrier()
-    writer = _ShardWriter(out_dir, state.pp_rank, max_shard_bytes)
+    writer = _ShardWriter(staging, state.pp_rank, max_shard_bytes)
     is_writer = state.tp_rank == 0 and state.dp_rank == 0
     if state.dp_rank == 0:
         for info in megatron_param_layout(chunks, state):
@@ -124,11 +134,39 @@ def export_hf_weights(chunks: list, spec: GPTSpec, state: ParallelState, out_dir
     dist.all_gather_object(everything, writer.files if is_writer else [])
     if dist.get_rank() == 0:
         files = [f for per_rank in everything for f in per_rank]
-        _finalise(out_dir, sorted(files), spec, dtype, source_dir)
+        publish_export(out_dir, sorted(files), spec, dtype, source_dir)
     dist.barrier()
 
 
+def publish_export(out_dir: Path, files: list, spec: GPTSpec, dtype: torch.dtype, source_dir) -> None:
+    """Rank 0, once every shard is in the staging dir: finish it there, then publish it."""
+    staging, replaced = staging_paths(out_dir)
+    _finalise(staging, files, spec, dtype, source_dir)
+    fsync_tree(str(staging))
+    publish_dir(str(staging), str(out_dir), str(replaced))
+    logger.info("exported %d files to %s", len(files), out_dir)
+
+
+def staging_paths(out_dir: Path) -> tuple[Path, Path]:
+    """(where an export is written, where the previous export waits while it is replaced)."""
+    return out_dir.parent / f".{out_dir.name}.staging", out_dir.parent / f".{out_dir.name}.replaced"
+
+
+def prepare_staging(out_dir: Path) -> Path:
+    """Rank 0: undo what an interrupted export left (the previous export goes back to
+    ``out_dir``), then an empty staging dir."""
+    staging, replaced = staging_paths(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if recover_publish(str(out_dir), str(replaced), staging_complete=False, staging=str(staging)):
+        logger.warning("%s: restored the export an interrupted export had moved aside", out_dir)
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    return staging
+
+
 def _finalise(out_dir: Path, files: list, spec: GPTSpec, dtype: torch.dtype, source_dir) -> None:
+    """Rank 0, inside the staging dir: final shard names, the index, config and tokenizer."""
     total = len(files)
     weight_map, size = {}, 0
     for i, (tmp, names, nbytes) in enumerate(files):
@@ -141,7 +179,6 @@ def _finalise(out_dir: Path, files: list, spec: GPTSpec, dtype: torch.dtype, sou
         json.dump(index, f, indent=2)
     if source_dir is not None:
         copy_config_and_tokenizer(Path(source_dir), out_dir, spec, dtype)
-    logger.info("exported %d tensors in %d files to %s", len(weight_map), total, out_dir)
 
 
 def copy_config_and_tokenizer(source: Path, out_dir: Path, spec: GPTSpec, dtype: torch.dtype) -> None:

@@ -38,22 +38,30 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     """Join the default process group from torchrun's environment (idempotent).
 
     NCCL on GPUs, gloo on CPU. A single process without torchrun variables becomes a
-    world of one on a free local port.
+    world of one on loopback. Under torchrun the ranks use the store of torchrun's agent;
+    otherwise (a world of one, Ray rank groups) rank 0 serves the store on ``MASTER_ADDR``'s
+    address only, never on every interface (`verl_mp.utils.net.create_store`).
     """
     if dist.is_initialized():
         return
-    if "RANK" not in os.environ:
-        from verl_mp.utils.net import free_port
+    from verl_mp.utils import net
 
+    if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("MASTER_PORT", str(net.reserve_port("127.0.0.1")))
     if has_cuda():
         torch.cuda.set_device(local_device())
         backend = "nccl"
     else:
         megatron_cpu.install()
         backend = "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_minutes))
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = net.create_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import torch
 
 from verl_mp.reward.executor import Outcome, RewardExecutor
 from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, RewardFn, get_reward_fn
+from verl_mp.reward.worker_proc import WorkerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,11 @@ class RewardManager:
     def __init__(
         self, fn_by_source: Mapping[str, str] | None = None, default_fn: str | None = None,
         timeout_s: float = 10.0, num_workers: int = 4, reward_model: Any = None,
-        model_combine: str = "add", model_coef: float = 1.0,
+        model_combine: str = "add", model_coef: float = 1.0, limits: WorkerLimits | None = None,
+        max_calls_per_worker: int = 1000, pass_env: Sequence[str] = (),
     ):
+        """``limits``, ``max_calls_per_worker``, ``pass_env``: how reward workers are contained
+        (`verl_mp.reward.executor`)."""
         if model_combine not in ("add", "replace"):
             raise ValueError(f"model_combine={model_combine!r} must be 'add' or 'replace'")
         self.fn_names = {**DEFAULT_FN_BY_SOURCE, **(fn_by_source or {})}
@@ -77,7 +81,8 @@ class RewardManager:
         if num_workers > 0:
             for name, fn in self._fns.items():
                 _check_picklable(name, fn)
-        self.executor = RewardExecutor(num_workers=num_workers, timeout_s=timeout_s)
+        self.executor = RewardExecutor(num_workers=num_workers, timeout_s=timeout_s, limits=limits,
+                                       max_calls_per_worker=max_calls_per_worker, pass_env=tuple(pass_env))
         self.reward_model = reward_model
         self.model_combine, self.model_coef = model_combine, model_coef
 

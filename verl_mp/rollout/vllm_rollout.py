@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 class VLLMRollout:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int):
+        os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")  # no usage reports leave the machine
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         cpu = not torch.cuda.is_available()

@@ -5,15 +5,24 @@ Layout under ``root``::
     global_step_<N>/                   one complete checkpoint (callers' files + meta.json)
     latest_checkpointed_iteration.txt  N of the newest commit (a convenience for users)
     .tmp_global_step_<N>/              staging dir of a save in progress
+    .tmp_replaced_global_step_<N>/     the previous copy of step N while a re-save replaces it
+    .verl_mp.lock                      held by rank 0 for the manager's life (`DirLock`)
 
-A save is: ``staging_dir(N)`` -> every rank writes its parts -> ``commit(N, meta)``.
-Commit writes ``meta.json`` last, fsyncs, and renames the staging dir to
-``global_step_<N>`` in one ``os.replace``, so a crash at any point leaves either the
-old set of complete checkpoints or the old set plus the new one. ``latest()`` scans
-the directories (not the txt file) and counts only ``global_step_<N>`` dirs holding a
+A save is: ``staging_dir(N)`` -> every rank writes (and fsyncs) its parts -> ``commit(N,
+meta)``. Commit writes ``meta.json`` last, fsyncs the tree, and publishes it as
+``global_step_<N>`` with `verl_mp.utils.fs.publish_dir`: a previous copy of step N is moved
+aside, the new one renamed in, and only then the old one deleted. A crash at any point
+leaves the old set of complete checkpoints, or the old set plus the new one. ``latest()``
+scans the directories (not the txt file) and counts only ``global_step_<N>`` dirs holding a
 ``meta.json``. Directories being removed are first renamed to ``.tmp_*`` so a crash
-mid-delete never leaves a half-deleted dir that looks complete; stale ``.tmp_*`` dirs
-are removed when the manager starts.
+mid-delete never leaves a half-deleted dir that looks complete.
+
+At start, rank 0 takes the directory's lock (a second run on the same directory is refused
+while the first holds it; a dead holder does not block) and then recovers: a staging dir
+holding ``meta.json`` was complete when the crash came and is published; a replaced copy is
+deleted once its step is back in place (restored if not); other ``.tmp_*`` dirs are partial
+and removed. Checkpoint dirs are created with mode 0700: weights and optimizer state stay
+private to the user (``chmod`` to share them).
 
 The root must be one filesystem shared by all ranks (renames are not atomic across
 filesystems). Only rank 0 touches the directory structure; ``world_barrier`` (e.g.
@@ -31,43 +40,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from verl_mp.utils.fs import DirLock, fsync_tree, publish_dir, recover_publish, write_file_durably
+
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "global_step_"
 STAGING_PREFIX = ".tmp_"
+REPLACED_PREFIX = f"{STAGING_PREFIX}replaced_"
 META_FILENAME = "meta.json"
 LATEST_FILENAME = "latest_checkpointed_iteration.txt"
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
-
-
-def _fsync_path(path: str) -> None:
-    """fsync one file or directory (directories: makes renames/creates in them durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    """fsync every file and directory under ``root`` (bottom-up), then ``root`` itself."""
-    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if not os.path.islink(path):
-                _fsync_path(path)
-        _fsync_path(dirpath)
-
-
-def _write_file_durably(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temp file, fsync, then ``os.replace``."""
-    tmp_path = f"{path}.tmp.{os.getpid()}"
-    with open(tmp_path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp_path, path)
-    _fsync_path(os.path.dirname(path) or ".")
 
 
 def checkpoint_step(path: str) -> int | None:
@@ -101,16 +83,23 @@ class CheckpointManager:
         world_barrier: Callable[[], None] | None = None,
     ):
         """``keep_last``: complete checkpoints to keep (None keeps all). Rank 0 creates
-        ``root`` and removes stale ``.tmp_*`` dirs left by a crashed run."""
+        ``root``, locks it (`DirLockedError` if another process holds it) and recovers what
+        a crashed run left (see the module docstring)."""
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last={keep_last} must be None (keep all) or >= 1")
         self.root = os.path.abspath(root)
         self.keep_last = keep_last
         self.rank = rank
         self._barrier = world_barrier or (lambda: None)
+        self._lock = DirLock(self.root, purpose="a checkpoint manager")
         if rank == 0:
             os.makedirs(self.root, exist_ok=True)
-            self._remove_stale_staging()
+            self._lock.acquire()
+            self._recover()
+
+    def close(self) -> None:
+        """Release the directory lock (also released when the process exits)."""
+        self._lock.release()
 
     def checkpoint_dir(self, step: int) -> str:
         """``<root>/global_step_<step>``."""
@@ -130,7 +119,7 @@ class CheckpointManager:
             if os.path.exists(path):
                 logger.warning("removing stale staging dir %s", path)
                 shutil.rmtree(path)
-            os.makedirs(path)
+            os.makedirs(path, mode=0o700)
         self._barrier()
         return path
 
@@ -183,22 +172,23 @@ class CheckpointManager:
         return step, path
 
     def _publish(self, step: int, meta: dict[str, Any]) -> None:
-        """Rank 0: meta.json, fsync, rename staging -> final, update the txt file."""
+        """Rank 0: meta.json, fsync, publish staging -> final, update the txt file."""
         staging = self.staging_path(step)
         if not os.path.isdir(staging):
             raise FileNotFoundError(f"commit({step}) without staging_dir({step}): no {staging}")
         with open(os.path.join(staging, META_FILENAME), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
-        _fsync_tree(staging)
-        final = self.checkpoint_dir(step)
-        if os.path.exists(final):
-            # Re-saving a step (e.g. after resuming from an earlier one): move the old
-            # copy aside first; os.replace cannot overwrite a non-empty directory.
-            self._delete(final)
-        os.replace(staging, final)
-        _fsync_path(self.root)
-        _write_file_durably(os.path.join(self.root, LATEST_FILENAME), f"{step}\n")
-        logger.info("saved checkpoint %s", final)
+        fsync_tree(staging)
+        self._swap_in(step)
+        logger.info("saved checkpoint %s", self.checkpoint_dir(step))
+
+    def _swap_in(self, step: int) -> None:
+        """Publish the complete staging dir of ``step``; a previous copy goes only afterwards."""
+        publish_dir(self.staging_path(step), self.checkpoint_dir(step), self._replaced_path(step))
+        write_file_durably(os.path.join(self.root, LATEST_FILENAME), f"{step}\n")
+
+    def _replaced_path(self, step: int) -> str:
+        return os.path.join(self.root, f"{REPLACED_PREFIX}{CHECKPOINT_PREFIX}{step}")
 
     def _prune(self, just_saved: int) -> None:
         """Rank 0: keep ``keep_last`` checkpoints up to ``just_saved`` (which always stays).
@@ -237,8 +227,25 @@ class CheckpointManager:
                 found.append((step, entry.path))
         return found
 
-    def _remove_stale_staging(self) -> None:
-        """Rank 0 at start-up: remove ``.tmp_*`` dirs left by a crashed save or delete."""
+    def _recover(self) -> None:
+        """Rank 0 at start-up, holding the lock: finish or undo what a crashed run left."""
+        steps = set()
+        for entry in os.scandir(self.root):
+            for prefix in (STAGING_PREFIX, REPLACED_PREFIX):
+                step = checkpoint_step(entry.name.removeprefix(prefix)) if entry.name.startswith(prefix) else None
+                if step is not None:
+                    steps.add(step)
+        published = False
+        for step in sorted(steps):
+            staging = self.staging_path(step)
+            done = recover_publish(self.checkpoint_dir(step), self._replaced_path(step),
+                                   staging_complete=is_complete(staging), staging=staging)
+            if done:
+                logger.warning("checkpoint step %d: %s (left by an interrupted save)", step, done)
+                published = published or done == "published"
+        newest = self.latest() if published else None
+        if newest is not None:
+            write_file_durably(os.path.join(self.root, LATEST_FILENAME), f"{newest[0]}\n")
         for entry in os.scandir(self.root):
             if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
                 logger.warning("removing stale checkpoint staging dir %s", entry.path)

@@ -48,6 +48,8 @@ MAY_DIFFER = (
     "rollout.weight_sync_mode",
     "rollout.logprob_diff_threshold", "rollout.val_sampling.*",
     "data.val_files", "data.val_batch_size", "reward.num_workers", "reward.timeout_s",
+    "reward.memory_limit_mb", "reward.cpu_limit_s", "reward.max_open_files", "reward.max_processes",
+    "reward.max_calls_per_worker", "reward.pass_env",
 )
 """Dotted config keys (fnmatch patterns) that may change between a run and its resume."""
 

@@ -29,16 +29,26 @@ def run(cfg, prepare_only: bool = False, verbose: bool = True) -> int:
     plan = preflight(cfg)
     preflight_resume(cfg)
     out_dir = cfg.trainer.default_local_dir
-    os.makedirs(out_dir, exist_ok=True)
-    log_to_file(os.path.join(out_dir, "logs", "driver.log"))
-    config_path = os.path.join(out_dir, "config.yaml")
-    with open(config_path, "w") as f:
-        f.write(to_yaml(cfg))
-    save_plan(plan, os.path.join(out_dir, PLAN_FILE))
-    logger.info("resolved config saved to %s (what each process runs: %s)", config_path, PLAN_FILE)
-    if prepare_only:
-        print(config_path)
-        return 0
+    from verl_mp.utils.fs import DirLock
+
+    # One run per directory: a second one is refused (DirLockedError, a ValueError) before it
+    # writes anything; the lock goes with this process. to_yaml writes no secrets.
+    with DirLock(out_dir, purpose="a verl_mp run"):
+        log_to_file(os.path.join(out_dir, "logs", "driver.log"))
+        config_path = os.path.join(out_dir, "config.yaml")
+        with open(config_path, "w") as f:
+            f.write(to_yaml(cfg))
+        save_plan(plan, os.path.join(out_dir, PLAN_FILE))
+        logger.info("resolved config saved to %s (what each process runs: %s)", config_path, PLAN_FILE)
+        logging.getLogger("verl_mp.trainer.config").info("resolved config:\n%s", to_yaml(cfg))  # log file only
+        if prepare_only:
+            print(config_path)
+            return 0
+        return _launch(cfg, plan, config_path, verbose)
+
+
+def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
+    out_dir = cfg.trainer.default_local_dir
     if cfg.trainer.launcher == "torchrun" and cfg.trainer.nnodes > 1:
         raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
@@ -115,21 +125,47 @@ def _run_ray(cfg, plan, stop, verbose: bool) -> None:
 
 
 def _init_ray(cfg, plan, verbose: bool) -> None:
-    """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool."""
+    """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool.
+
+    A local Ray serves on this machine's routable address (Ray binds no loopback-only mode),
+    so it runs with token authentication and a fresh token of its own, kept in the
+    environment of this run's processes (never written to ``~/.ray``). Joining a cluster
+    without token authentication gets a warning (docs/security.md says how to turn it on).
+    Quiet (not ``verbose``): the workers' output stays in Ray's log files.
+    """
+    import secrets
+
     import ray
 
     from verl_mp.utils.shm import RUN_ID_ENV, ensure_run_id
 
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
-    level = logging.INFO if verbose else logging.WARNING  # quiet: worker output stays in Ray's log files
+    level = logging.INFO if verbose else logging.WARNING
+    auth_mode = os.environ.get("RAY_AUTH_MODE", "").lower()
     if os.environ.get("RAY_ADDRESS"):
+        if auth_mode != "token":
+            logger.warning("joining the Ray cluster at %s without token authentication (RAY_AUTH_MODE is "
+                           "not 'token'): whoever reaches its ports can run code in it; see docs/security.md",
+                           os.environ["RAY_ADDRESS"])
         ray.init(runtime_env=runtime_env, log_to_driver=verbose, logging_level=level)
         return
+    if auth_mode == "disabled":
+        logger.warning("RAY_AUTH_MODE=disabled: the local Ray of this run accepts anyone who reaches its "
+                       "ports on this machine's network address; see docs/security.md")
+    else:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray 2.60 caches its auth mode and token when it is imported; re-read them from the
+        # environment (what its own tests do). Without it the driver is refused by its own GCS.
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
     # address="local": without it, ray.init joins the cluster that `ray start` last started on
     # this machine (it finds its address file) and then refuses num_cpus.
     ranks = sum(g.world_size for g in plan.groups.values())
-    ray.init(address="local", num_cpus=max(ranks, os.cpu_count() or 1),
-             include_dashboard=False, log_to_driver=verbose, logging_level=level, runtime_env=runtime_env)
+    ray.init(address="local", num_cpus=max(ranks, os.cpu_count() or 1), include_dashboard=False,
+             log_to_driver=verbose, logging_level=level, runtime_env=runtime_env)
 
 
 def _finish(cfg) -> None:

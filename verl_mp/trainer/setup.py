@@ -34,6 +34,7 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
     from verl_mp.data.dataset import PromptDataset
     from verl_mp.data.sampler import ResumableBatchSampler
     from verl_mp.reward.manager import RewardManager
+    from verl_mp.reward.worker_proc import reward_limits
 
     tokenizer = load_tokenizer(cfg.model.path)
     kwargs = dict(tokenizer=tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -48,7 +49,9 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
         combine = rm.combine if rm.enable else "add"
         reward = RewardManager(fn_by_source=cfg.reward.fn_by_source, default_fn=cfg.reward.default_fn,
                                timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers,
-                               model_combine=combine, model_coef=rm.coef)
+                               model_combine=combine, model_coef=rm.coef, limits=reward_limits(cfg.reward),
+                               max_calls_per_worker=cfg.reward.max_calls_per_worker,
+                               pass_env=cfg.reward.pass_env)
         if combine == "add":  # rule functions run
             reward.check_sources(train.data_sources | (val.data_sources if val else set()))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -196,12 +196,16 @@ class _WandbBackend:
 
 
 def _config_as_dict(config: Any) -> dict | None:
-    """A plain dict of a DictConfig / structured config / dict (None stays None)."""
+    """A plain dict of a DictConfig / structured config / dict / YAML text (None stays None).
+
+    Not resolved: ``${oc.env:...}`` references (what `verl_mp.config.loader.to_yaml` writes
+    for values from the environment) must reach TensorBoard/W&B as references, not secrets.
+    """
     if config is None:
         return None
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.create(config), resolve=True)
+    return OmegaConf.to_container(OmegaConf.create(config), resolve=False)
 
 
 def _config_as_markdown(config: Any) -> str:

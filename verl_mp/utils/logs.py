@@ -31,9 +31,11 @@ def setup_logging(verbose: bool = False) -> None:
     """Console handler on the root logger (INFO, filtered unless ``verbose``)."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
+    for handler in list(root.handlers):  # ours from an earlier call; others' (pytest's) stay
+        if getattr(handler, "_verl_mp", False):
+            root.removeHandler(handler)
     console = logging.StreamHandler(sys.stderr)
+    console._verl_mp = True
     console.setFormatter(logging.Formatter(FORMAT))
     if not verbose:
         console.addFilter(_QuietFilter())
@@ -45,6 +47,7 @@ def log_to_file(path: str) -> None:
     """Everything (INFO and up, unfiltered) also goes to ``path``."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     handler = logging.FileHandler(path)
+    handler._verl_mp = True
     handler.setFormatter(logging.Formatter(FORMAT))
     logging.getLogger().addHandler(handler)
 

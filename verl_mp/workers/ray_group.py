@@ -48,9 +48,12 @@ def _actor_class():
         def address(self) -> tuple[str, int]:
             from ray.util import get_node_ip_address
 
-            from verl_mp.utils.net import free_port
+            from verl_mp.utils.net import reserve_port
 
-            return get_node_ip_address(), free_port()
+            # The group's store (served by this actor, rank 0) listens on loopback when the
+            # cluster is this one machine, else on this node's address; the port stays held.
+            host = "127.0.0.1" if sum(n["Alive"] for n in ray.nodes()) == 1 else get_node_ip_address()
+            return host, reserve_port(host)
 
         def start(self, plan: RunPlan, group: str, master_addr: str, master_port: int) -> str:
             """Builds this rank's worker; returns the Ray node id it runs on."""

@@ -1,0 +1,78 @@
+"""One reward call, contained: exceptions captured, results checked, a per-call timer.
+
+Shared by the executor (`verl_mp.reward.executor`, inline calls) and its worker processes
+(`verl_mp.reward.worker_proc`).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Result of one call: status "ok" (score set), "error" or "timeout" (message set)."""
+
+    status: str
+    score: float = 0.0
+    extras: dict[str, float] | None = None
+    message: str = ""
+
+
+class _CallTimeout(BaseException):
+    """Raised by the alarm; a BaseException so a user's ``except Exception`` cannot eat it."""
+
+
+def normalize_result(value: Any) -> tuple[float, dict[str, float]]:
+    """A reward fn's return -> (score, numeric extras); TypeError/ValueError if unusable."""
+    extras: dict[str, float] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise TypeError(f"returned a dict without a 'score' key: keys {sorted(value)}")
+        extras = {k: float(v) for k, v in value.items()
+                  if k != "score" and isinstance(v, (int, float)) and math.isfinite(float(v))}
+        value = value["score"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"returned {type(value).__name__} {value!r}; expected a float or "
+                        "a dict with a float 'score'")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"returned a non-finite score {value}")
+    return float(value), extras
+
+
+def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None) -> Outcome:
+    """Call ``fn(*args)``; never raises. The timer needs the main thread (pool workers).
+
+    A call that returns after ``timeout_s`` counts as a timeout even if it has a result:
+    the alarm did not fire because the reward function's own code replaced or cancelled it.
+    """
+    use_alarm = timeout_s is not None and timeout_s > 0
+    start = time.monotonic()
+    try:
+        previous = signal.signal(signal.SIGALRM, _raise_timeout) if use_alarm else None
+        try:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            value = fn(*args)
+        finally:
+            if use_alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+        if use_alarm and time.monotonic() - start > timeout_s:
+            return Outcome("timeout", message=f"took {time.monotonic() - start:.1f}s > {timeout_s}s "
+                                              "(the reward function's code cancelled the alarm)")
+        score, extras = normalize_result(value)
+        return Outcome("ok", score, extras)
+    except _CallTimeout:
+        return Outcome("timeout", message=f"took longer than {timeout_s}s")
+    except Exception as err:  # noqa: BLE001  (a failing reward must never crash the run)
+        return Outcome("error", message=f"{type(err).__name__}: {err}")
+
+
+def _raise_timeout(signum: int, frame: Any) -> None:
+    raise _CallTimeout()
