@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "verl_mp.trainer.cli",
     "verl_mp.cli_engine",
     "verl_mp.rollout.cli",
+    "verl_mp.planner.cli",
 )
 
 

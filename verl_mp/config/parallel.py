@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+RECOMPUTE_GRANULARITIES = ("selective", "full")
+RECOMPUTE_MODULES = ("mlp", "core_attn")
 
 
 @dataclass(kw_only=True)
@@ -26,6 +29,17 @@ class ParallelConfig:
 
     sequence_parallel: bool = False
     """Megatron sequence parallelism inside TP groups (needs TP > 1)."""
+
+    recompute_granularity: str | None = None
+    """Activation recomputation in training: None (keep every activation), ``selective``
+    (re-run the modules of ``recompute_modules`` in backward) or ``full`` (keep only each
+    layer's input and re-run the whole layer: least memory, about a third more compute).
+    ``verl-mp plan`` shows what each saves."""
+
+    recompute_modules: list[str] = field(default_factory=lambda: ["mlp"])
+    """Modules re-run with ``recompute_granularity=selective``: ``mlp`` (the SwiGLU MLP,
+    most of a layer's activations) and/or ``core_attn`` (with the engine's SDPA attention
+    this saves only its log-sum-exp: there is no ``[s, s]`` score matrix to drop)."""
 
     @property
     def model_parallel_size(self) -> int:
@@ -72,9 +86,24 @@ def validate_layout(
             f"{prefix}virtual_pipeline_model_parallel_size={vpp} needs "
             f"pipeline_model_parallel_size > 1 (got {pp}); set it to null to disable"
         )
+    _validate_recompute(parallel, prefix)
     if shape is not None:
         _validate_against_shape(tp, pp * (vpp or 1), shape, prefix)
     return world_size // (tp * pp)
+
+
+def _validate_recompute(parallel: ParallelConfig, prefix: str) -> None:
+    gran = parallel.recompute_granularity
+    if gran is not None and gran not in RECOMPUTE_GRANULARITIES:
+        raise ValueError(f"{prefix}recompute_granularity={gran!r} is not one of {RECOMPUTE_GRANULARITIES} "
+                         "(or null for no recomputation)")
+    bad = sorted(set(parallel.recompute_modules) - set(RECOMPUTE_MODULES))
+    if bad:
+        raise ValueError(f"{prefix}recompute_modules has {bad}; valid modules: {list(RECOMPUTE_MODULES)} "
+                         "(megatron 0.16's 'layernorm' recompute needs transformer-engine)")
+    if gran == "selective" and not parallel.recompute_modules:
+        raise ValueError(f"{prefix}recompute_granularity=selective needs at least one of "
+                         f"{list(RECOMPUTE_MODULES)} in {prefix}recompute_modules")
 
 
 def _validate_against_shape(tp: int, num_chunks: int, shape: ModelShape, prefix: str) -> None:

@@ -65,8 +65,20 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         # so micro-batch and data-parallel contributions must be summed, not averaged.
         calculate_per_token_loss=True,
     )
+    kwargs.update(recompute_settings(parallel))
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
+
+
+def recompute_settings(parallel: ParallelConfig) -> dict:
+    """megatron TransformerConfig arguments for ``parallel.recompute_granularity``: full
+    recompute re-runs every layer on its own (uniform, one layer per unit)."""
+    gran = parallel.recompute_granularity
+    if gran == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if gran == "selective":
+        return dict(recompute_granularity="selective", recompute_modules=list(parallel.recompute_modules))
+    return {}
 
 
 def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None,
