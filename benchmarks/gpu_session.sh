@@ -5,6 +5,7 @@
 #           run the gpu tests (colocated local sync, sleep/wake) at TP 1 and 2 and time the
 #           1-GPU weight syncs (1.5B and 7B shapes, gather and local modes).
 #   bench2: (right after main, same carry) the 2-GPU weight syncs; EXTRA_TESTS=... more gpu tests.
+#   memory: (carry .whl only) benchmarks/engine_memory.py: planner vs measured train-step/log-prob peaks.
 #   train : (after stash, same carry as main) the fused-kernel engine test, a 4-step GRPO run of
 #           the real trainer (benchmarks/gpu_grpo.sh; GRPO_GPUS=0,1 SIZE=1.5b NPROC=2 TP=2 for
 #           two GPUs), the 7B 1-GPU sync; SKIP_KERNEL=1 / SKIP_BENCH=1 leave parts out.
@@ -87,5 +88,12 @@ case "$phase" in
   main) run_main ;;
   bench2) run_bench2 ;;
   train) run_train ;;
+  memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+    [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/engine_memory.py --out "$OUT/engine_memory.json" \
+      2>&1 | grep -E '^[{]|Error' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from verl_mp.config.parallel import validate_layout
 from verl_mp.config.rollout import validate_rollout_layout
 from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
@@ -43,10 +44,11 @@ def apply_overrides(cfg: RootConfig, overrides) -> RootConfig:
 def suggest(cfg: RootConfig, spec: GPTSpec, options: PlanOptions, base: Plan | None = None) -> list[Suggestion]:
     """Ranked suggestions that lower the peak of ``cfg``'s plan (empty if nothing helps)."""
     base = base or plan(cfg, spec, options)
-    found = [s for kind, summary, ovr in candidates(cfg, spec, base)
-             if (s := _evaluate(cfg, spec, options, kind, summary, ovr)) is not None
-             and (s.peak_bytes < base.peak.total or (s.fits and not base.fits))]
-    found.sort(key=lambda s: (not s.fits, KINDS.index(s.kind), s.peak_bytes))
+    evaluated = [_evaluate(cfg, spec, options, kind, summary, ovr) for kind, summary, ovr in candidates(cfg, spec, base)]
+    # within a kind the candidates come cheapest first (selective before full recompute)
+    order = {s: i for i, s in enumerate(evaluated) if s is not None}
+    found = [s for s in order if s.peak_bytes < base.peak.total or (s.fits and not base.fits)]
+    found.sort(key=lambda s: (not s.fits, KINDS.index(s.kind), order[s]))
     if found and not any(s.fits for s in found):
         combined = _combine(cfg, spec, options, base)
         if combined is not None:
@@ -72,7 +74,8 @@ def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, st
     for role in ("actor", "ref", "critic"):
         out += _micro_batch_candidates(cfg, role)
     if a.recompute_granularity is None:
-        out.append(("recompute", "recompute the MLP (selective)", ["actor.megatron.recompute_granularity=selective"]))
+        out.append(("recompute", "recompute the MLP (selective)", ["actor.megatron.recompute_granularity=selective",
+                                                                   "actor.megatron.recompute_modules=[mlp]"]))
     if a.recompute_granularity != "full":
         out.append(("recompute", "recompute every layer (full)", ["actor.megatron.recompute_granularity=full"]))
     for role in ("actor", "critic", "ref"):
@@ -120,25 +123,35 @@ def _evaluate(cfg, spec, options, kind, summary, overrides) -> Suggestion | None
 def _check_batches(cfg: RootConfig, spec: GPTSpec) -> None:
     """The batch-size and rollout-layout checks of preflight that a layout change can break."""
     world = cfg.trainer.world_size
-    a = cfg.actor.megatron
-    dp = world // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size)
+    dp = validate_layout(cfg.actor.megatron, world, spec.shape)
     if (cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n) % dp:
         raise ValueError("mini-batch not divisible by the data-parallel size")
     validate_rollout_layout(cfg.rollout, world, spec.num_query_groups)
 
 
 def _combine(cfg, spec, options, base: Plan) -> Suggestion | None:
-    """Greedy: apply the change that lowers the peak most, repeat until it fits."""
+    """Greedy combinations: first by the ranking's order of kinds (the user's order of
+    preference), else by the lowest peak; the first that fits, or the lower one."""
+    tries = [c for c in (_greedy(cfg, spec, options, base, by_kind=True), _greedy(cfg, spec, options, base, by_kind=False))
+             if c is not None]
+    if not tries:
+        return None
+    return min(tries, key=lambda s: (not s.fits, tries.index(s) if s.fits else s.peak_bytes))
+
+
+def _greedy(cfg, spec, options, base: Plan, by_kind: bool) -> Suggestion | None:
+    """Apply the preferred change that lowers the peak, repeat until it fits."""
     applied: list[str] = []
     current, current_plan = cfg, base
     for _ in range(MAX_COMBINED):
-        options_here = [s for kind, summary, ovr in candidates(current, spec, current_plan)
-                        if (s := _evaluate(current, spec, options, kind, summary, ovr)) is not None]
-        if not options_here:
+        better = [s for kind, summary, ovr in candidates(current, spec, current_plan)
+                  if (s := _evaluate(current, spec, options, kind, summary, ovr)) is not None
+                  and s.peak_bytes < current_plan.peak.total]
+        if not better:
             break
-        best = min(options_here, key=lambda s: (not s.fits, s.peak_bytes))
-        if best.peak_bytes >= current_plan.peak.total:
-            break
+        key = (lambda s: (not s.fits, KINDS.index(s.kind), s.peak_bytes)) if by_kind else \
+            (lambda s: (not s.fits, s.peak_bytes))
+        best = min(better, key=key)
         applied += best.overrides
         current = apply_overrides(current, best.overrides)
         current_plan = plan(current, spec, options)

@@ -27,6 +27,9 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--logprob-impl", choices=("fused", "torch"), default="fused",
                    help="log-prob op of the LM head: the fused Triton kernel (default on CUDA) or the "
                         "torch path (VERL_MP_KERNELS=torch)")
+    p.add_argument("--keep-cache", action="store_true",
+                   help="model a trainer that never releases PyTorch's cached blocks between phases "
+                        "(the cause of issue 21's out-of-memory at vLLM wake-up)")
     p.add_argument("--suggest", action="store_true", help="also list what to change when the run fits")
     p.add_argument("overrides", nargs="*", help="dotlist overrides, as for verl-mp train")
     p.set_defaults(func=run_plan)
@@ -47,7 +50,8 @@ def read_spec(model_path: str):
 def run_plan(args) -> int:
     cfg = load_config(args.config_name, args.overrides)
     spec = read_spec(cfg.model.path)
-    options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib, logprob_impl=args.logprob_impl)
+    options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib, logprob_impl=args.logprob_impl,
+                          cache_released=not args.keep_cache)
     result = plan(cfg, spec, options)
     print(render(result, title=f"verl-mp plan --config-name {args.config_name} ({cfg.model.dtype}, "
                               f"{spec.architecture})"))

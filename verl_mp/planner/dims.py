@@ -14,7 +14,6 @@ copy, as megatron does), a ``[1, hidden]`` value head with bias for critics.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
@@ -161,11 +160,3 @@ def largest_tensor_params(d: ModelDims, tp: int, gathered: bool) -> int:
     split = 1 if gathered else tp
     fc1 = 2 * d.ffn * d.hidden // split if d.moe is None else 2 * d.moe.ffn_hidden_size * d.hidden
     return max(rows * d.hidden, fc1)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def num_micro_batches(rows_per_rank: int, micro_batch_size: int) -> int:
-    return max(1, math.ceil(rows_per_rank / micro_batch_size))

@@ -16,8 +16,10 @@ Phases of one step on the actor's pool (the order of `verl_mp.trainer.loop`):
 - ``sync``: vLLM's weights awake (its KV cache still released) plus the sync bucket.
 
 A critic on its own pool (``trainer.placement``) gets its own phases (pool ``critic``).
-Assumption: PyTorch's cached blocks are released between phases (the hand-off of issue
-21); without that, a phase also carries the previous phases' cached peaks.
+By default PyTorch's cached blocks are released between phases (the hand-off of issue
+21). With ``PlanOptions(cache_released=False)`` (today's trainer, which never empties the
+cache) every phase after ``start`` also holds the largest transient of the step as cached
+blocks (``cached``): what vLLM cannot get back when it wakes.
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ class PlanOptions:
     """``fused`` (the Triton kernel: the engine's default on CUDA) or ``torch``
     (``VERL_MP_KERNELS=torch``)."""
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
+    cache_released: bool = True
+    """PyTorch's cached blocks are released before vLLM wakes (issue 21's hand-off); False
+    models a trainer that keeps them (the largest transient of the step stays reserved)."""
+    tight_fraction: float = 0.95
+    """Phases above this share of the GPU are flagged: allocator fragmentation and the
+    estimated overheads make the outcome uncertain there."""
 
     @property
     def gpu_bytes(self) -> int:
@@ -93,6 +101,9 @@ class Plan:
     def fits(self) -> bool:
         return not self.over and not self.problems
 
+    def tight(self, fraction: float) -> list[PhaseMemory]:
+        return [ph for ph in self.phases if fraction * self.gpu_bytes < ph.total <= self.gpu_bytes]
+
 
 def uses_reference(cfg: RootConfig) -> bool:
     """Same rule as `verl_mp.trainer.steps.needs_reference` (a test keeps them equal)."""
@@ -131,9 +142,22 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     if critic is not None and not critic_here:
         phases += [_worst_stage(_Context(cfg, options, None, None, critic, None, 0), name, critic.layout.pp,
                                 pool="critic") for name in ("start", "values", "update_critic")]
+    if not options.cache_released:
+        phases = _with_cached_blocks(phases)
     result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=_info(cfg, dims, actor, critic, rollout, seq))
     result.problems = _rollout_problems(cfg, rollout)
     return result
+
+
+def _with_cached_blocks(phases: list[PhaseMemory]) -> list[PhaseMemory]:
+    """Each pool's phases after ``start`` also hold, as cached blocks, the pool's largest
+    transient beyond their own (steady state: the previous step's update left it reserved)."""
+    out = []
+    for ph in phases:
+        largest = max(p.parts["work"] for p in phases if p.pool == ph.pool)
+        parts = dict(ph.parts, cached=0 if ph.name == "start" else largest - ph.parts["work"])
+        out.append(PhaseMemory(ph.name, ph.pool, ph.stage, parts, ph.notes))
+    return out
 
 
 def _engine(cfg: RootConfig, role: str, dims: ModelDims, parallel: ParallelConfig, world: int, spec: GPTSpec,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from verl_mp.planner.plan import GIB, Plan
 
-COLUMNS = ("actor", "ref", "critic", "reward_model", "vllm", "work", "overhead")
-HEADERS = ("actor", "ref", "critic", "rm", "vllm", "work", "other")
+COLUMNS = ("actor", "ref", "critic", "reward_model", "vllm", "work", "cached", "overhead")
+HEADERS = ("actor", "ref", "critic", "rm", "vllm", "work", "cached", "other")
 
 
 def gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
-def render(plan: Plan, title: str = "") -> str:
+def render(plan: Plan, title: str = "", tight_fraction: float = 0.95) -> str:
     """A per-phase table (GiB per GPU, the worst pipeline stage), the peak, and problems."""
     info = plan.info
     lay = info["actor_layout"]
@@ -29,19 +29,24 @@ def render(plan: Plan, title: str = "") -> str:
     lines.append(f"vLLM KV cache {gib(info['kv_cache'])} GiB = {info['kv_tokens']} tokens "
                  f"({info['rollout_concurrency']} full-length sequences at once; "
                  f"{info['rollout_rows_per_engine']} rows per rollout engine per step)")
-    head = f"{'phase':<14} {'pool':<6} {'stage':>5} " + " ".join(f"{h:>6}" for h in HEADERS) + \
-        f" {'total':>7} {'use':>5}  notes"
+    used = [(c, h) for c, h in zip(COLUMNS, HEADERS, strict=True)
+            if c != "cached" or any(ph.parts.get(c, 0) for ph in plan.phases)]
+    head = f"{'phase':<14} {'pool':<6} {'stage':>5} " + " ".join(f"{h:>6}" for _, h in used) + \
+        f" {'total':>7} {'use':>5}   notes"
     lines += ["", "per-GPU memory (GiB) by phase, worst pipeline stage:", head, "-" * len(head)]
     for ph in plan.phases:
-        cells = " ".join(f"{gib(ph.parts.get(c, 0)):>6}" for c in COLUMNS)
-        flag = " !" if ph.total > plan.gpu_bytes else ""
+        cells = " ".join(f"{gib(ph.parts.get(c, 0)):>6}" for c, _ in used)
+        flag = " !" if ph.total > plan.gpu_bytes else " ~" if ph.total > tight_fraction * plan.gpu_bytes else ""
         lines.append(f"{ph.name:<14} {ph.pool:<6} {ph.stage:>5} {cells} {gib(ph.total):>7} "
-                     f"{ph.total / plan.gpu_bytes:>5.0%}{flag} {ph.notes}")
+                     f"{ph.total / plan.gpu_bytes:>5.0%}{flag:2} {ph.notes}")
     peak = plan.peak
     verdict = "fits" if plan.fits else "DOES NOT FIT"
     lines += ["", f"peak: {peak.name} ({peak.pool} pool, stage {peak.stage}) {gib(peak.total)} GiB of "
                   f"{gib(plan.gpu_bytes)} GiB -> {verdict}"]
     lines += [f"problem: {p}" for p in plan.problems]
+    if plan.tight(tight_fraction):
+        lines.append(f"~ tight: {', '.join(ph.name for ph in plan.tight(tight_fraction))} above "
+                     f"{tight_fraction:.0%} of the GPU (fragmentation and the estimated overheads decide there)")
     return "\n".join(lines)
 
 
