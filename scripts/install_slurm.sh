@@ -41,6 +41,16 @@ start_munge() {
   munge -n | unmunge >/dev/null
 }
 
+resolve_host() {
+  # slurmd, srun and torchrun's rendezvous find this node by its name.
+  local host
+  host=$(hostname -s)
+  if ! getent hosts "$host" >/dev/null; then
+    echo "127.0.0.1 $host" >> /etc/hosts
+    log "added '127.0.0.1 $host' to /etc/hosts (the name did not resolve)"
+  fi
+}
+
 write_conf() {
   local host node new
   host=$(hostname -s)
@@ -101,6 +111,7 @@ start_daemons() {
 }
 
 install_packages
+resolve_host
 start_munge
 write_conf
 start_daemons
