@@ -63,3 +63,23 @@ def test_rank_shares_add_up(name, tp, pp):
     padding = (tp * vocab_rows(dims, tp) - dims.vocab) * dims.hidden * (1 if dims.tied else 2)
     tied_copy = dims.vocab * dims.hidden + padding // (1 if dims.tied else 2) if dims.tied and pp > 1 else 0
     assert per_rank_sum == total_params(dims) + (tp - 1) * norms + padding + tied_copy
+
+
+def test_moe_hook_counts_experts_like_hf():
+    """The expert-parallel hook (MoE is built elsewhere; GPTSpec has no experts yet): with
+    Qwen3-30B-A3B's layer shape (2 of its 48 layers) the parameter count equals HF's Qwen3-MoE model, and
+    EP divides the routed experts."""
+    import transformers
+
+    from verl_mp.planner.dims import MoEDims, layer_params
+
+    shape = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                 num_experts_per_tok=8, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
+                 head_dim=128, vocab_size=151936, tie_word_embeddings=False)
+    with torch.device("meta"):
+        hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**shape))
+    dims = ModelDims(num_layers=2, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144, vocab=151936,
+                     tied=False, qk_norm=True, moe=MoEDims(num_experts=128, ffn_hidden_size=768, top_k=8))
+    assert total_params(dims) == sum(p.numel() for p in hf.parameters())
+    experts = 128 * 3 * 2048 * 768
+    assert layer_params(dims, tp=1, ep=1) - layer_params(dims, tp=1, ep=4) == experts - experts // 4
