@@ -44,7 +44,8 @@ def apply_overrides(cfg: RootConfig, overrides) -> RootConfig:
 def suggest(cfg: RootConfig, spec: GPTSpec, options: PlanOptions, base: Plan | None = None) -> list[Suggestion]:
     """Ranked suggestions that lower the peak of ``cfg``'s plan (empty if nothing helps)."""
     base = base or plan(cfg, spec, options)
-    evaluated = [_evaluate(cfg, spec, options, kind, summary, ovr) for kind, summary, ovr in candidates(cfg, spec, base)]
+    evaluated = [_evaluate(cfg, spec, options, kind, summary, ovr)
+                 for kind, summary, ovr in candidates(cfg, spec, base)]
     # within a kind the candidates come cheapest first (selective before full recompute)
     order = {s: i for i, s in enumerate(evaluated) if s is not None}
     found = [s for s in order if s.peak_bytes < base.peak.total or (s.fits and not base.fits)]
@@ -57,7 +58,9 @@ def suggest(cfg: RootConfig, spec: GPTSpec, options: PlanOptions, base: Plan | N
 
 
 def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, str, list[str]]]:
-    """(kind, summary, overrides) of every single change worth planning."""
+    """(kind, summary, overrides) of every single change worth planning. Layout and
+    recompute changes are for the actor (and what shares its layout); a critic on a pool
+    of its own is not re-laid out here."""
     out = []
     a = cfg.actor.megatron
     tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
@@ -68,7 +71,8 @@ def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, st
             ovr.append(f"rollout.tensor_model_parallel_size={new_tp}")
         out.append(("parallelism", f"raise actor TP to {new_tp}", ovr))
     if spec.num_layers % (pp * 2) == 0:
-        out.append(("parallelism", f"raise actor PP to {pp * 2}", [f"actor.megatron.pipeline_model_parallel_size={pp * 2}"]))
+        out.append(("parallelism", f"raise actor PP to {pp * 2}",
+                    [f"actor.megatron.pipeline_model_parallel_size={pp * 2}"]))
     if tp > 1 and not a.sequence_parallel:
         out.append(("parallelism", "turn on sequence parallelism", ["actor.megatron.sequence_parallel=true"]))
     for role in ("actor", "ref", "critic"):
@@ -132,8 +136,7 @@ def _check_batches(cfg: RootConfig, spec: GPTSpec) -> None:
 def _combine(cfg, spec, options, base: Plan) -> Suggestion | None:
     """Greedy combinations: first by the ranking's order of kinds (the user's order of
     preference), else by the lowest peak; the first that fits, or the lower one."""
-    tries = [c for c in (_greedy(cfg, spec, options, base, by_kind=True), _greedy(cfg, spec, options, base, by_kind=False))
-             if c is not None]
+    tries = [c for by_kind in (True, False) if (c := _greedy(cfg, spec, options, base, by_kind)) is not None]
     if not tries:
         return None
     return min(tries, key=lambda s: (not s.fits, tries.index(s) if s.fits else s.peak_bytes))

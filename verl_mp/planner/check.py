@@ -12,11 +12,13 @@ MAX_FIXES = 3
 
 
 def check_fits(cfg: RootConfig, spec: GPTSpec, gpu_memory_gib: float, *,
-               logprob_impl: str = "fused") -> Plan:
+               logprob_impl: str = "fused", cache_released: bool = True) -> Plan:
     """Plan ``cfg`` on GPUs of ``gpu_memory_gib``; return the plan when it fits, else raise
     ValueError naming the phases that do not fit with their numbers and the best fixes
-    (as overrides)."""
-    options = PlanOptions(gpu_memory_gib=gpu_memory_gib, logprob_impl=logprob_impl)
+    (as overrides). ``cache_released=False`` plans for a trainer that keeps PyTorch's
+    cached blocks across phases (before issue 21's hand-off)."""
+    options = PlanOptions(gpu_memory_gib=gpu_memory_gib, logprob_impl=logprob_impl,
+                          cache_released=cache_released)
     result = plan(cfg, spec, options)
     if result.fits:
         return result
