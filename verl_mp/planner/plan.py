@@ -134,8 +134,11 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
                          spec, seq, mini_rows)
     critic_here = critic is not None and placement.colocated("critic")
     p = mem.DTYPE_BYTES[cfg.model.dtype]
-    rollout = ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p,
-                                cfg.rollout.gpu_memory_utilization, options.gpu_bytes)
+    if cfg.rollout.backend == "vllm":
+        rollout = ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p,
+                                    cfg.rollout.gpu_memory_utilization, options.gpu_bytes)
+    else:
+        rollout = ro.hf_rollout_memory(dims, p)
     ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, rollout,
                    _reward_model_bytes(cfg) if cfg.reward_model.enable and placement.colocated("reward_model") else 0)
     phases = [_worst_stage(ctx, name, actor.layout.pp) for name in _actor_pool_phases(ref, critic_here)]
@@ -145,7 +148,7 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     if not options.cache_released:
         phases = _with_cached_blocks(phases)
     result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=_info(cfg, dims, actor, critic, rollout, seq))
-    result.problems = _rollout_problems(cfg, rollout)
+    result.problems = _rollout_problems(cfg, rollout) if cfg.rollout.backend == "vllm" else []
     return result
 
 
@@ -211,7 +214,10 @@ def _phase(ctx: _Context, name: str, stage: int, pool: str) -> PhaseMemory:
         "overhead": ctx.options.overhead_bytes,
     }
     asleep = []
-    if ro_mem is not None:
+    if ro_mem is not None and not ro_mem.sleeps:
+        parts["vllm"] = ro_mem.weights
+        asleep.append("HF rollout model resident")
+    elif ro_mem is not None:
         parts["vllm"] = ro_mem.budget if generating else ro_mem.asleep + (ro_mem.weights if name == "sync" else 0)
         asleep.append("vLLM awake" if generating else "vLLM weights awake, KV cache released" if name == "sync"
                       else "vLLM asleep")
@@ -274,6 +280,7 @@ def _info(cfg: RootConfig, dims: ModelDims, actor: EngineUse, critic: EngineUse 
     rows_per_engine = math.ceil(cfg.data.train_batch_size * cfg.rollout.sampling.n / rollout_dp)
     info = {
         "params": total_params(dims),
+        "rollout_backend": cfg.rollout.backend,
         "world": cfg.trainer.world_size,
         "actor_layout": actor.layout,
         "seq": seq,

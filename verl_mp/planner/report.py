@@ -26,9 +26,10 @@ def render(plan: Plan, title: str = "", tight_fraction: float = 0.95) -> str:
     if "critic_layout" in info:
         c = info["critic_layout"]
         lines.append(f"critic TP{c.tp} x PP{c.pp} x DP{c.dp}")
-    lines.append(f"vLLM KV cache {gib(info['kv_cache'])} GiB = {info['kv_tokens']} tokens "
-                 f"({info['rollout_concurrency']} full-length sequences at once; "
-                 f"{info['rollout_rows_per_engine']} rows per rollout engine per step)")
+    if info["rollout_backend"] == "vllm":
+        lines.append(f"vLLM KV cache {gib(info['kv_cache'])} GiB = {info['kv_tokens']} tokens "
+                     f"({info['rollout_concurrency']} full-length sequences at once; "
+                     f"{info['rollout_rows_per_engine']} rows per rollout engine per step)")
     used = [(c, h) for c, h in zip(COLUMNS, HEADERS, strict=True)
             if c != "cached" or any(ph.parts.get(c, 0) for ph in plan.phases)]
     head = f"{'phase':<14} {'pool':<6} {'stage':>5} " + " ".join(f"{h:>6}" for _, h in used) + \

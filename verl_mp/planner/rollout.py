@@ -40,6 +40,8 @@ class RolloutMemory:
     kv_cache: int
     kv_bytes_per_token: int
     asleep: int = VLLM_ASLEEP_BYTES
+    sleeps: bool = True
+    """False for the HF backend: its weights stay on the GPU in every phase."""
 
     @property
     def kv_tokens(self) -> int:
@@ -52,6 +54,14 @@ def rollout_memory(d: ModelDims, tp: int, p: int, utilization: float, gpu_bytes:
     workspace = vllm_workspace_bytes(d, tp, p)
     return RolloutMemory(budget=budget, weights=weights, workspace=workspace,
                          kv_cache=budget - weights - workspace, kv_bytes_per_token=kv_bytes_per_token(d, tp, p))
+
+
+def hf_rollout_memory(d: ModelDims, p: int) -> RolloutMemory:
+    """The HF fallback backend (``rollout.backend=hf``): the whole model on every rank,
+    never asleep; it decodes one sequence at a time, so its KV cache is one row's."""
+    weights = total_params(d) * p
+    return RolloutMemory(budget=weights, weights=weights, workspace=0, kv_cache=0,
+                         kv_bytes_per_token=kv_bytes_per_token(d, 1, p), asleep=weights, sleeps=False)
 
 
 def kv_bytes_per_token(d: ModelDims, tp: int, p: int) -> int:
