@@ -138,3 +138,12 @@ def test_recompute_settings_are_checked():
         validate_layout(ParallelConfig(recompute_granularity="some"), 1)
     with pytest.raises(ValueError, match=r"recompute_modules has \['layernorm'\]"):
         validate_layout(ParallelConfig(recompute_granularity="selective", recompute_modules=["layernorm"]), 1)
+
+
+def test_hf_rollout_backend_keeps_its_model(body_1_5b):
+    from verl_mp.planner.dims import ModelDims, total_params
+
+    cfg, spec, result = planned([f"model.path={body_1_5b}", *ISSUE_21, "rollout.backend=hf"])
+    weights = total_params(ModelDims.from_spec(spec)) * 2  # bf16, the whole model on the rank
+    assert result.fits and not result.problems
+    assert all(ph.parts["vllm"] == weights for ph in result.phases)
