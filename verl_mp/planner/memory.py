@@ -34,6 +34,9 @@ megatron's ``theoretical_memory_usage.py``) give ``sbh (34 + 5 a s / h)`` for a 
 ``4h`` with dropout and unfused attention: flash-style attention drops the ``a s / h``
 term, no dropout drops its masks, and SwiGLU with ``f != 4h``, GQA and the fp32 norm
 copies change the rest, hence the enumeration above.
+With transformer-engine installed, ``attention_backend=auto`` picks TE's layer spec, whose
+fused norm+linear layers save less than the fp32 norm copies above: the plan is then an
+upper bound (not measured).
 
 Recompute (``actor.megatron.recompute_granularity``):
 - ``selective`` with ``recompute_modules``: ``mlp`` drops the SwiGLU term (its input is
