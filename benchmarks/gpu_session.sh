@@ -9,10 +9,11 @@
 #                  gpu_memory_utilization UTIL; per-step table with memory per phase.
 #   bench14      : same carry; rollout speed (standalone vLLM vs the project's rollout, with and
 #                  without log-probs, after sleep/wake) and the engine's training MFU.
+#   memory       : carry .whl only: benchmarks/engine_memory.py, the planner vs measured engine peaks.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|main|train}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|memory|main|train}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -88,5 +89,12 @@ case "$phase" in
   bench14) run_bench14 ;;
   main) run_main ;;
   train) run_train ;;
+  memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+    [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/engine_memory.py --out "$OUT/engine_memory.json" \
+      2>&1 | grep -E '^[{]|Error' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -25,7 +25,7 @@ LAYERS = {
     "rollout": 7,
     "bridge": 8,
     "plan": 9,
-    "workers": 10,
+    "workers": 10, "planner": 10,
     "trainer": 11,
     "cli": 12,
 }
@@ -57,7 +57,10 @@ def _imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            # `from pkg import submodule` depends on the submodule (the package's __init__ runs
+            # first, but a package re-exporting its own modules is no design cycle)
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+            names = subs if len(subs) == len(node.names) else [node.module] + subs
         for name in names:
             if not name.startswith("verl_mp"):
                 continue

@@ -213,3 +213,17 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path):
     assert "trainer.resume_mode=auto" in proc.stdout
     assert (ckpts / "global_step_1" / "meta.json").exists() and not (ckpts / "global_step_2").exists()
     assert (ckpts / "global_step_1" / "actor.bin").read_bytes() == b"w" * 10
+
+
+def test_a_run_that_cannot_fit_its_gpus_is_refused_with_fixes(inputs, nothing_starts, capsys, tmp_path):
+    """Issue 21's shape (Qwen2-1.5B body, micro-batch 16, 1152-token sequences) on 24 GiB GPUs."""
+    from tests.unit.planner_models import write_config
+    from verl_mp.demo.tokenizer import save_tiny_tokenizer
+
+    model = write_config(tmp_path, "Qwen2-1.5B")
+    save_tiny_tokenizer(model)
+    rc, err = _run(capsys, "grpo", _with(inputs, "model.path", model) + [
+        "trainer.gpu_memory_gib=24", "actor.micro_batch_size=16", "rollout.max_model_len=1152",
+        "rollout.sampling.max_new_tokens=1024", "rollout.val_sampling.max_new_tokens=64"])
+    assert rc == 2 and "the run does not fit GPUs of 24" in err and "Fixes: [" in err, err
+    assert "set trainer.gpu_memory_gib to plan for other GPUs" in err

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from verl_mp.config.loader import _refuse_literal_secrets, load_config, to_yaml
 from verl_mp.cli import main as cli_main
+from verl_mp.config.loader import _refuse_literal_secrets, load_config, to_yaml
 from verl_mp.trainer.tracking import _config_as_dict, _config_as_markdown
 from verl_mp.utils.secrets import looks_secret
 

@@ -70,7 +70,6 @@ def test_rng_file_with_code_is_refused_and_named(tmp_path, monkeypatch):
 
 def test_dcp_metadata_with_code_is_refused_and_real_metadata_loads(tmp_path):
     import torch.distributed.checkpoint as dcp
-
     from verl_mp.patches import dcp_safe_metadata
 
     good = tmp_path / "good"

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from verl_mp.demo.tiny_models import build_tiny_checkpoint
 from verl_mp.engine import hf_weights
 from verl_mp.models.hf_checkpoint import open_hf_checkpoint
-from verl_mp.demo.tiny_models import build_tiny_checkpoint
 
 pytestmark = pytest.mark.unit
 

@@ -33,6 +33,7 @@ def test_module_plugin(tmp_path, monkeypatch):
     source = "def length(ds, sol, gt, extra):\n    return len(sol)\n"
     (tmp_path / "my_rewards.py").write_text(source)
     monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("my_rewards", None)  # another test's module of that name (docs/extending.md's)
     fn = get_reward_fn("my_rewards:length")
     assert fn("s", "abc", "", None) == 3
     with pytest.raises(ValueError, match=r"no function 'nope'; callables there: \['length'\]"):

@@ -18,6 +18,7 @@ from verl_mp.utils.logs import setup_logging
 SUBCOMMAND_MODULES = (
     "verl_mp.cli.train",
     "verl_mp.cli.engine",
+    "verl_mp.planner.cli",
 )
 
 

@@ -58,6 +58,7 @@ class DataConfig:
 
 ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
 RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODULES = ("mlp", "core_attn")
 
 
 @dataclass(kw_only=True)
@@ -98,8 +99,13 @@ class EngineRoleConfig:
     """Core attention: auto (te if importable, else sdpa), te, sdpa (torch
     scaled_dot_product_attention) or local (megatron's unfused, materialises [s, s])."""
     recompute: str = "none"
-    """Activation recompute: none, selective (core attention only: saves the [s, s]-sized
-    activations for little extra compute) or full (whole layers; see recompute_num_layers)."""
+    """Activation recompute in training: none (keep every activation), selective (re-run the
+    modules of recompute_modules in backward) or full (keep only each layer group's input and
+    re-run it: least memory, about a third more compute). `verl-mp plan` shows what each saves."""
+    recompute_modules: list[str] = field(default_factory=lambda: ["mlp"])
+    """With recompute=selective: mlp (the SwiGLU MLP, most of a layer's activations) and/or
+    core_attn (with the SDPA attention this saves only its log-sum-exp: there is no [s, s]
+    score matrix to drop)."""
     recompute_num_layers: int = 1
     """With recompute=full: layers per checkpointed group (megatron's uniform method)."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
@@ -113,6 +119,10 @@ class EngineRoleConfig:
             raise ValueError(f"{k}.attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"{k}.recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        bad = sorted(set(self.recompute_modules) - set(RECOMPUTE_MODULES))
+        if bad or (self.recompute == "selective" and not self.recompute_modules):
+            raise ValueError(f"{k}.recompute_modules={self.recompute_modules}: give one or more of "
+                             f"{list(RECOMPUTE_MODULES)} (megatron 0.16's 'layernorm' needs transformer-engine)")
         if self.remove_padding and self.attention_backend == "local":
             raise ValueError(f"{k}.remove_padding=true needs {k}.attention_backend sdpa, te or auto (megatron's "
                              "local attention refuses packed sequences)")
@@ -290,6 +300,10 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
     project_name: str = "verl_mp"
     experiment_name: str = "run"
+    gpu_memory_gib: float | None = None
+    """Memory of one GPU for the preflight check that the run fits (`verl-mp plan`): the run
+    is refused before start-up, with the numbers and fixes, when a phase would not fit.
+    None: the local GPU's when the driver has one, else no check (a CPU-only driver)."""
     peak_tflops: float | None = None
     """Peak dense TFLOP/s of one device in the model dtype (e.g. 989 for H100/H200 bf16);
     set it to get perf/mfu. perf/tflops_per_s is always logged."""

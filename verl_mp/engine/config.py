@@ -36,6 +36,8 @@ class EngineConfig:
     recompute: str = "none"
     """Activation recompute: ``none``, ``selective`` (core attention) or ``full`` (whole
     layers, ``recompute_num_layers`` per checkpoint, megatron's uniform method)."""
+    recompute_modules: list[str] = field(default_factory=lambda: ["mlp"])
+    """With ``recompute="selective"``: megatron's module names (``mlp``, ``core_attn``)."""
     recompute_num_layers: int = 1
     offload_params: bool = False
     """Between uses, keep parameters on CPU (ref policy; actor/critic colocated with rollout)."""

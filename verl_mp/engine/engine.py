@@ -57,7 +57,7 @@ class MegatronEngine:
             raise ValueError("engine.remove_padding=True needs attention_backend 'sdpa' or 'te'")
         self.tf_config = model.transformer_config(
             self.spec, config.parallel, config.dtype,
-            **model.recompute_settings(config.recompute, config.recompute_num_layers))
+            **model.recompute_settings(config.recompute, config.recompute_modules, config.recompute_num_layers))
         chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend)
         self.optimizer = self.scheduler = None
         if config.trainable:

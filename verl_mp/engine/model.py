@@ -14,12 +14,12 @@ from verl_mp.models.spec import GPTSpec, padded_vocab_size
 from verl_mp.utils.dtypes import TORCH_DTYPES
 
 
-def recompute_settings(mode: str, num_layers: int = 1) -> dict:
+def recompute_settings(mode: str, modules: list[str] = ("mlp",), num_layers: int = 1) -> dict:
     """TransformerConfig keywords for activation recompute ``none``/``selective``/``full``."""
     if mode == "none":
         return {}
-    if mode == "selective":  # megatron's default selective module: core attention
-        return dict(recompute_granularity="selective")
+    if mode == "selective":
+        return dict(recompute_granularity="selective", recompute_modules=list(modules))
     return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=num_layers)
 
 

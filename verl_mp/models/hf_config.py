@@ -62,13 +62,20 @@ def _check_unsupported(d: dict, arch: Architecture, source: str) -> None:
     act = d.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{source}: hidden_act={act!r} is not supported (SwiGLU with 'silu' only)")
-    if d.get("attention_bias", False):
+    if d.get("attention_bias", False) and not _qkv_bias_only(d, arch):
         raise ValueError(f"{source}: attention_bias=True (bias on q/k/v/o projections) is not supported "
-                         f"for {arch.name}; only Qwen2's built-in q/k/v bias is")
+                         f"for {arch.name}; only q/k/v biases are (an architecture registered with "
+                         "qkv_bias=True, and attention_out_bias=false when the config has that key)")
     if d.get("mlp_bias", False):
         raise ValueError(f"{source}: mlp_bias=True is not supported")
     if d.get("num_attention_heads", 0) % (d.get("num_key_value_heads") or d.get("num_attention_heads", 1)):
         raise ValueError(f"{source}: num_key_value_heads must divide num_attention_heads")
+
+
+def _qkv_bias_only(d: dict, arch: Architecture) -> bool:
+    """``attention_bias`` means q/k/v biases only where the architecture has them and the
+    config turns the output projection's bias off separately (Seed-OSS: attention_out_bias)."""
+    return arch.qkv_bias and d.get("attention_out_bias") is False
 
 
 def _sliding_window(d: dict, arch: Architecture, source: str) -> int | None:

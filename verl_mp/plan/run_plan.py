@@ -140,7 +140,8 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
         micro_batch_size=section.micro_batch_size,
         max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
         remove_padding=section.remove_padding, attention_backend=section.attention_backend,
-        recompute=section.recompute, recompute_num_layers=section.recompute_num_layers,
+        recompute=section.recompute, recompute_modules=list(section.recompute_modules),
+        recompute_num_layers=section.recompute_num_layers,
         offload_params=section.offload.params, offload_grads=section.offload.grads,
         offload_optimizer=section.offload.optimizer, seed=cfg.trainer.seed,
     )

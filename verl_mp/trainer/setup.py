@@ -90,7 +90,28 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_data(cfg, spec)
     _check_reward_model(cfg)
     _check_reward_fns(cfg)
+    _check_fits(cfg, spec)
     return build_plan(cfg, placement)
+
+
+def _check_fits(cfg: RootConfig, spec) -> None:
+    """The memory planner (`verl_mp.planner`) on the GPUs the run will use: refuse a run
+    whose steady state cannot fit, with the phase, the numbers and the fixes."""
+    gib = cfg.trainer.gpu_memory_gib
+    if gib is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if cfg.rollout.backend != "vllm":
+        return
+    from verl_mp.planner import check_fits
+
+    try:
+        check_fits(cfg, spec, gib)
+    except ValueError as err:
+        raise ValueError(f"{err}; set trainer.gpu_memory_gib to plan for other GPUs") from None
 
 
 def _check_names(cfg: RootConfig) -> None:

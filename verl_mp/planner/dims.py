@@ -1,0 +1,162 @@
+"""Model dimensions and parameter counts per rank: the inputs of the memory model.
+
+Everything here is arithmetic on a model's shape (read from its HF ``config.json`` through
+`verl_mp.models.spec_from_hf_config`) and a parallel layout; nothing is allocated and no
+process group is needed, so the planner runs on a machine without GPUs.
+
+Parameter layout follows the engine (`verl_mp.engine.model`): megatron GPTModel with fused
+QKV (bias for Qwen2), optional per-head q/k RMSNorm (Qwen3), SwiGLU MLP, RMSNorm weights
+replicated over TP, the vocabulary padded to a multiple of TP
+(`verl_mp.models.spec.padded_vocab_size`), the embedding on the first pipeline stage and
+the LM head on the last one (with tied embeddings and PP > 1 the last stage holds its own
+copy, as megatron does), a ``[1, hidden]`` value head with bias for critics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_mp.models.spec import GPTSpec, padded_vocab_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEDims:
+    """Routed experts of a mixture-of-experts MLP (the hook for expert parallelism).
+
+    The dense engine has no experts yet (MoE is being built in its own branch); when
+    `GPTSpec` gains expert fields, `ModelDims.from_spec` fills this and the formulas of
+    `verl_mp.planner.memory` already account for it: expert weights are split over EP
+    (and TP, megatron's expert-TP default), each token's activations pass through
+    ``top_k`` experts. These MoE terms are not yet calibrated against a GPU measurement.
+    """
+
+    num_experts: int
+    ffn_hidden_size: int
+    """Intermediate size of one expert (HF ``moe_intermediate_size``)."""
+    top_k: int
+    shared_ffn_hidden_size: int = 0
+    """Intermediate size of the always-on shared expert (0: none)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDims:
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    """Unpadded vocabulary (the engine pads it per TP layout)."""
+    tied: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    value_head: bool = False
+    """Critic: a ``[1, hidden]`` value head (with bias) replaces the LM head."""
+    moe: MoEDims | None = None
+
+    @classmethod
+    def from_spec(cls, spec: GPTSpec, *, value_head: bool | None = None) -> ModelDims:
+        return cls(num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
+                   kv_heads=spec.num_query_groups, head_dim=spec.head_dim, ffn=spec.ffn_hidden_size,
+                   vocab=spec.vocab_size, tied=spec.tie_word_embeddings, qkv_bias=spec.add_qkv_bias,
+                   qk_norm=spec.qk_layernorm,
+                   value_head=spec.value_head if value_head is None else value_head,
+                   moe=_moe_from_spec(spec))
+
+    def critic(self) -> ModelDims:
+        """The same backbone with a value head (what a critic built from this model holds)."""
+        from dataclasses import replace
+
+        return replace(self, value_head=True, tied=False)
+
+
+def _moe_from_spec(spec: GPTSpec) -> MoEDims | None:
+    """Expert dimensions of ``spec`` (None for dense models; GPTSpec has no expert fields yet)."""
+    num_experts = getattr(spec, "num_experts", None)
+    if not num_experts:
+        return None
+    return MoEDims(num_experts=num_experts, ffn_hidden_size=spec.moe_ffn_hidden_size,
+                   top_k=spec.moe_router_topk, shared_ffn_hidden_size=getattr(spec, "moe_shared_ffn_hidden_size", 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """One engine's parallel layout on its pool (DP is derived, as in the engine)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    dp: int = 1
+    sp: bool = False
+    ep: int = 1
+    """Expert parallelism (MoE only; the hook for the MoE work)."""
+
+    @property
+    def chunks(self) -> int:
+        return self.pp * (self.vpp or 1)
+
+
+def attention_params(d: ModelDims, tp: int) -> int:
+    """QKV (+ bias), output projection and q/k norms of one layer on one TP rank."""
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    n = d.hidden * (q + 2 * kv) // tp + q * d.hidden // tp
+    if d.qkv_bias:
+        n += (q + 2 * kv) // tp
+    if d.qk_norm:
+        n += 2 * d.head_dim
+    return n
+
+
+def mlp_params(d: ModelDims, tp: int, ep: int = 1) -> int:
+    """SwiGLU MLP of one layer on one rank (experts split over EP x TP, router replicated)."""
+    if d.moe is None:
+        return 3 * d.hidden * d.ffn // tp
+    m = d.moe
+    experts = m.num_experts * 3 * d.hidden * m.ffn_hidden_size // (ep * tp)
+    shared = 3 * d.hidden * m.shared_ffn_hidden_size // tp
+    return experts + shared + d.hidden * m.num_experts
+
+
+def layer_params(d: ModelDims, tp: int, ep: int = 1) -> int:
+    """One transformer layer on one rank: attention, MLP, two RMSNorm weights."""
+    return attention_params(d, tp) + mlp_params(d, tp, ep) + 2 * d.hidden
+
+
+def vocab_rows(d: ModelDims, tp: int) -> int:
+    """Embedding / LM-head rows on one TP rank (vocabulary padded to a TP multiple)."""
+    return padded_vocab_size(d.vocab, tp) // tp
+
+
+def stage_layers(d: ModelDims, layout: Layout) -> int:
+    """Transformer layers on one pipeline stage (all its virtual chunks together)."""
+    return d.num_layers // layout.pp
+
+
+def stage_params(d: ModelDims, layout: Layout, stage: int) -> int:
+    """Parameters one rank of pipeline stage ``stage`` holds."""
+    first, last = stage == 0, stage == layout.pp - 1
+    n = stage_layers(d, layout) * layer_params(d, layout.tp, layout.ep)
+    embedding = vocab_rows(d, layout.tp) * d.hidden
+    if first:
+        n += embedding
+    if last:
+        n += d.hidden  # final norm
+        if d.value_head:
+            n += d.hidden + 1
+        elif not d.tied or not first:  # untied head, or the last stage's copy of a tied one
+            n += embedding
+    return n
+
+
+def total_params(d: ModelDims) -> int:
+    """The whole model at TP = PP = 1 (the unpadded count HF reports)."""
+    return stage_params(d, Layout(), 0)
+
+
+def largest_tensor_params(d: ModelDims, tp: int, gathered: bool) -> int:
+    """Elements of the largest single tensor a weight sync moves (TP-gathered or a shard)."""
+    rows = d.vocab if gathered else vocab_rows(d, tp)
+    split = 1 if gathered else tp
+    fc1 = 2 * d.ffn * d.hidden // split if d.moe is None else 2 * d.moe.ffn_hidden_size * d.hidden
+    return max(rows * d.hidden, fc1)

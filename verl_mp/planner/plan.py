@@ -1,0 +1,292 @@
+"""The memory plan of a run: per-GPU bytes in every phase of a colocated PPO/GRPO step.
+
+`plan(cfg, spec)` takes the resolved `RootConfig` and the model's `GPTSpec` (from its
+``config.json``) and returns a `Plan`: for each phase, the worst pipeline stage's bytes by
+holder, what is asleep or offloaded, the peak phase, and whether it fits the GPU.
+
+Phases of one step on the actor's pool (the order of `verl_mp.trainer.loop`):
+
+- ``start``: engines built, then vLLM starts and takes its whole budget; the actor is on
+  the GPU (with its Adam state when resumed), the reference offloaded if ``ref.offload``;
+- ``generate``: vLLM awake (its budget); the actor and a colocated critic keep their
+  state on the GPU unless ``actor.offload`` / ``critic.offload`` (the config's contract:
+  parameters, gradients and optimizer state move to CPU while the rollout runs);
+- ``old_log_prob``, ``ref_log_prob``, ``values``: forward-only passes, vLLM asleep;
+- ``update_critic``, ``update_actor``: train steps (activations, LM head, optimizer step);
+- ``sync``: vLLM's weights awake (its KV cache still released) plus the sync bucket.
+
+A critic on its own pool (``trainer.placement``) gets its own phases (pool ``critic``).
+By default PyTorch's cached blocks are released between phases (the hand-off of issue
+21). With ``PlanOptions(cache_released=False)`` (today's trainer, which never empties the
+cache) every phase after ``start`` also holds the largest transient of the step as cached
+blocks (``cached``): what vLLM cannot get back when it wakes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from verl_mp.config.parallel import ParallelConfig, validate_layout
+from verl_mp.config.placement import resolve_placement
+from verl_mp.config.schema import RootConfig
+from verl_mp.models.spec import GPTSpec
+from verl_mp.plan import critic_enabled, critic_layout, enabled_roles, reference_enabled
+from verl_mp.planner import memory as mem
+from verl_mp.planner import rollout as ro
+from verl_mp.planner.dims import Layout, ModelDims, total_params
+from verl_mp.planner.engines import EngineUse, micro_batch_shape, train_micro_batches
+
+GIB = 2**30
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+"""Device memory the torch allocator does not see: CUDA context, cuBLAS workspaces, NCCL
+communicator buffers, allocator fragmentation. An estimate (not calibrated): the
+calibration compares the allocator's peak (`max_memory_allocated`) without it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+    gpu_memory_gib: float = 80.0
+    """Memory of one GPU (GiB as the driver reports it: H100 80 GB ~ 79.6, H200 ~ 140.4)."""
+    logprob_impl: str = "fused"
+    """``fused`` (the Triton kernel: the engine's default on CUDA) or ``torch``
+    (``VERL_MP_KERNELS=torch``)."""
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
+    cache_released: bool = True
+    """PyTorch's cached blocks are released before vLLM wakes (issue 21's hand-off); False
+    models a trainer that keeps them (the largest transient of the step stays reserved)."""
+    tight_fraction: float = 0.95
+    """Phases above this share of the GPU are flagged: allocator fragmentation and the
+    estimated overheads make the outcome uncertain there."""
+
+    @property
+    def gpu_bytes(self) -> int:
+        return int(self.gpu_memory_gib * GIB)
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    name: str
+    pool: str
+    stage: int
+    """The pipeline stage with the most memory in this phase."""
+    parts: dict[str, int]
+    """Bytes by holder: actor, ref, critic, reward_model, vllm, work (activations, logits,
+    buffers of the running pass), overhead."""
+    notes: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+@dataclass
+class Plan:
+    gpu_bytes: int
+    phases: list[PhaseMemory]
+    problems: list[str] = field(default_factory=list)
+    """Failures besides phase totals (e.g. vLLM's KV cache cannot hold one sequence)."""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def peak(self) -> PhaseMemory:
+        return max(self.phases, key=lambda ph: ph.total)
+
+    @property
+    def over(self) -> list[PhaseMemory]:
+        return [ph for ph in self.phases if ph.total > self.gpu_bytes]
+
+    @property
+    def fits(self) -> bool:
+        return not self.over and not self.problems
+
+    def tight(self, fraction: float) -> list[PhaseMemory]:
+        return [ph for ph in self.phases if fraction * self.gpu_bytes < ph.total <= self.gpu_bytes]
+
+
+def layout_of(parallel: ParallelConfig, world: int, spec: GPTSpec, prefix: str) -> Layout:
+    """The engine's layout on ``world`` ranks; invalid layouts raise preflight's errors."""
+    dp = validate_layout(parallel, world, spec.shape, prefix=prefix)
+    return Layout(tp=parallel.tensor_model_parallel_size, pp=parallel.pipeline_model_parallel_size,
+                  vpp=parallel.virtual_pipeline_model_parallel_size, dp=dp, sp=parallel.sequence_parallel,
+                  ep=getattr(parallel, "expert_model_parallel_size", 1))
+
+
+def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -> Plan:
+    if options.logprob_impl not in mem.LOGPROB_IMPLS:
+        raise ValueError(f"logprob_impl={options.logprob_impl!r} is not one of {mem.LOGPROB_IMPLS}")
+    placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
+    dims = ModelDims.from_spec(spec)
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    world = cfg.trainer.world_size
+    mini_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n
+    actor = _engine(cfg, "actor", dims, cfg.actor.megatron, world, spec, seq, mini_rows)
+    ref = _engine(cfg, "ref", dims, cfg.actor.megatron, world, spec, seq, mini_rows) if reference_enabled(cfg) else None
+    critic = None
+    if critic_enabled(cfg):
+        critic = _engine(cfg, "critic", dims.critic(), critic_layout(cfg), placement.pool_size("critic"),
+                         spec, seq, mini_rows)
+    critic_here = critic is not None and placement.colocated("critic")
+    p = mem.DTYPE_BYTES[cfg.model.dtype]
+    if cfg.rollout.backend == "vllm":
+        rollout = ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p,
+                                    cfg.rollout.gpu_memory_utilization, options.gpu_bytes)
+    else:
+        rollout = ro.hf_rollout_memory(dims, p)
+    ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, rollout,
+                   _reward_model_bytes(cfg) if cfg.reward_model.enable and placement.colocated("reward_model") else 0)
+    phases = [_worst_stage(ctx, name, actor.layout.pp) for name in _actor_pool_phases(ref, critic_here)]
+    if critic is not None and not critic_here:
+        phases += [_worst_stage(_Context(cfg, options, None, None, critic, None, 0), name, critic.layout.pp,
+                                pool="critic") for name in ("start", "values", "update_critic")]
+    if not options.cache_released:
+        phases = _with_cached_blocks(phases)
+    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=_info(cfg, dims, actor, critic, rollout, seq))
+    result.problems = _rollout_problems(cfg, rollout) if cfg.rollout.backend == "vllm" else []
+    return result
+
+
+def _with_cached_blocks(phases: list[PhaseMemory]) -> list[PhaseMemory]:
+    """Each pool's phases after ``start`` also hold, as cached blocks, the pool's largest
+    transient beyond their own (steady state: the previous step's update left it reserved)."""
+    out = []
+    for ph in phases:
+        largest = max(p.parts["work"] for p in phases if p.pool == ph.pool)
+        parts = dict(ph.parts, cached=0 if ph.name == "start" else largest - ph.parts["work"])
+        out.append(PhaseMemory(ph.name, ph.pool, ph.stage, parts, ph.notes))
+    return out
+
+
+def _engine(cfg: RootConfig, role: str, dims: ModelDims, parallel: ParallelConfig, world: int, spec: GPTSpec,
+            seq: int, mini_rows: int) -> EngineUse:
+    section = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic}[role]
+    prefix = "critic.megatron." if role == "critic" and cfg.critic.megatron is not None else "actor.megatron."
+    layout = layout_of(parallel, world, spec, prefix)
+    micro = micro_batch_shape(section, seq)
+    return EngineUse(role=role, dims=dims, layout=layout, dtype=cfg.model.dtype, micro=micro,
+                     train_micro_batches=train_micro_batches(mini_rows, layout.dp, micro),
+                     recompute=mem.Recompute.of(section), offload=section.offload,
+                     distributed_optimizer=section.optim.use_distributed_optimizer)
+
+
+def _actor_pool_phases(ref, critic_here: bool) -> list[str]:
+    names = ["start", "generate", "old_log_prob"]
+    if ref is not None:
+        names.append("ref_log_prob")
+    if critic_here:
+        names += ["values", "update_critic"]
+    return names + ["update_actor", "sync"]
+
+
+@dataclass
+class _Context:
+    cfg: RootConfig
+    options: PlanOptions
+    actor: EngineUse | None
+    ref: EngineUse | None
+    critic: EngineUse | None
+    rollout: ro.RolloutMemory | None
+    reward_model: int
+
+
+def _worst_stage(ctx: _Context, name: str, pp: int, pool: str = "actor") -> PhaseMemory:
+    return max((_phase(ctx, name, stage, pool) for stage in range(pp)), key=lambda ph: ph.total)
+
+
+def _phase(ctx: _Context, name: str, stage: int, pool: str) -> PhaseMemory:
+    """Bytes by holder of phase ``name`` on one rank of pipeline stage ``stage``."""
+    impl = ctx.options.logprob_impl
+    a, r, c, ro_mem = ctx.actor, ctx.ref, ctx.critic, ctx.rollout
+    generating = name in ("start", "generate")
+    parts = {
+        "actor": 0 if a is None else a.on_device(stage, away=name == "generate"),
+        "ref": 0 if r is None else r.on_device(stage, away=name != "ref_log_prob"),
+        "critic": 0 if c is None else c.on_device(stage, away=name == "generate"),
+        "reward_model": ctx.reward_model,
+        "vllm": 0,
+        "work": 0,
+        "overhead": ctx.options.overhead_bytes,
+    }
+    asleep = []
+    if ro_mem is not None and not ro_mem.sleeps:
+        parts["vllm"] = ro_mem.weights
+        asleep.append("HF rollout model resident")
+    elif ro_mem is not None:
+        parts["vllm"] = ro_mem.budget if generating else ro_mem.asleep + (ro_mem.weights if name == "sync" else 0)
+        asleep.append("vLLM awake" if generating else "vLLM weights awake, KV cache released" if name == "sync"
+                      else "vLLM asleep")
+    if name == "old_log_prob":
+        parts["work"] = a.forward_peak(stage, impl)
+    elif name == "ref_log_prob":
+        parts["work"] = r.forward_peak(stage, impl)
+    elif name == "values":
+        parts["work"] = c.forward_peak(stage, impl)
+    elif name in ("update_actor", "update_critic"):
+        engine = a if name == "update_actor" else c
+        entropy = name == "update_actor" and ctx.cfg.actor.entropy_coeff != 0
+        parts["work"] = max(sum(engine.train_peak(stage, impl, entropy).values()),
+                            engine.optimizer_step_transient(stage))
+    elif name == "sync":
+        mode = ro.sync_mode(ctx.cfg.rollout.weight_sync_mode, a.layout.tp, ctx.cfg.rollout.tensor_model_parallel_size)
+        parts["work"] = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, ctx.cfg.rollout.weight_sync_bucket_mb, a.p)
+    return PhaseMemory(name, pool, stage, parts, "; ".join(asleep + _offload_notes(ctx, name)))
+
+
+def _offload_notes(ctx: _Context, name: str) -> list[str]:
+    notes = []
+    if ctx.actor is not None and ctx.actor.offload.params and name == "generate":
+        notes.append("actor offloaded")
+    if ctx.critic is not None and ctx.critic.offload.params and name == "generate":
+        notes.append("critic offloaded")
+    if ctx.ref is not None:
+        notes.append("ref on GPU" if name == "ref_log_prob" or not ctx.ref.offload.params else "ref offloaded")
+    return notes
+
+
+def _rollout_problems(cfg: RootConfig, rollout: ro.RolloutMemory) -> list[str]:
+    need = cfg.rollout.max_model_len
+    if rollout.kv_tokens >= need:
+        return []
+    return [f"vLLM's KV cache would hold {rollout.kv_tokens} tokens ({rollout.kv_cache / GIB:.1f} GiB = "
+            f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} x GPU - weights "
+            f"{rollout.weights / GIB:.1f} GiB - workspace {rollout.workspace / GIB:.1f} GiB), fewer than "
+            f"rollout.max_model_len={need}: vLLM refuses to start"]
+
+
+def _reward_model_bytes(cfg: RootConfig) -> int:
+    """Weights of a colocated HF reward model (dense estimate from its config.json)."""
+    path = os.path.join(cfg.reward_model.path, "config.json")
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        d = json.load(f)
+    h, f_, layers = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"]
+    heads = d["num_attention_heads"]
+    hd = d.get("head_dim") or h // heads
+    kv = d.get("num_key_value_heads") or heads
+    per_layer = h * hd * (2 * heads + 2 * kv) + 3 * h * f_ + 2 * h
+    return (layers * per_layer + d["vocab_size"] * h) * mem.DTYPE_BYTES[cfg.reward_model.dtype]
+
+
+def _info(cfg: RootConfig, dims: ModelDims, actor: EngineUse, critic: EngineUse | None,
+          rollout: ro.RolloutMemory, seq: int) -> dict:
+    rollout_dp = cfg.trainer.world_size // cfg.rollout.tensor_model_parallel_size
+    rows_per_engine = math.ceil(cfg.data.train_batch_size * cfg.rollout.sampling.n / rollout_dp)
+    info = {
+        "params": total_params(dims),
+        "rollout_backend": cfg.rollout.backend,
+        "world": cfg.trainer.world_size,
+        "actor_layout": actor.layout,
+        "seq": seq,
+        "actor_micro_tokens": actor.micro.tokens,
+        "actor_micro_batches": actor.train_micro_batches,
+        "kv_tokens": rollout.kv_tokens,
+        "kv_cache": rollout.kv_cache,
+        "rollout_rows_per_engine": rows_per_engine,
+        "rollout_concurrency": rollout.kv_tokens // max(1, cfg.rollout.max_model_len),
+    }
+    if critic is not None:
+        info["critic_layout"] = critic.layout
+    return info

@@ -1,0 +1,96 @@
+"""Per-GPU bytes of the colocated vLLM engine and of the weight sync.
+
+vLLM (GPU) takes ``gpu_memory_utilization x total GPU memory`` when it starts and while it
+is awake: its weights (this rank's rollout-TP shard), a workspace for its largest forward
+pass and sampler, and the KV cache, which gets whatever is left of that budget. It refuses
+to start when less than that budget is free, or when the KV cache cannot hold one
+``max_model_len`` sequence. Asleep (``rollout.sleep_level``, between generations) it keeps
+only a small residual (CUDA-graph pools, its allocator's bookkeeping); for a sync it wakes
+its weights only.
+
+The sync (`verl_mp.bridge.weight_sync`) holds, beyond the rank's own shards, one bucket
+of ``rollout.weight_sync_bucket_mb`` plus, in ``gather`` mode, one TP-gathered tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_mp.planner.dims import ModelDims, largest_tensor_params, total_params, vocab_rows
+
+GIB = 2**30
+VLLM_ASLEEP_BYTES = 1 * GIB
+"""Residual of a sleeping vLLM engine. Estimate: the colocated GPU test measured 1.4 GiB in
+use after ``sleep(level=1)`` for the whole process (CUDA context and tiny Megatron models
+included; `benchmarks/RESULTS.md`, "Colocated hand-over")."""
+VLLM_FIXED_WORKSPACE_BYTES = 1 * GIB
+"""CUDA graphs and torch.compile buffers inside vLLM's budget. Estimate, fitted so that the
+workspace of issue 21's run (Qwen2-1.5B body, tiny vocabulary, u=0.4 of 140.4 GiB: 52.3 GiB
+of KV cache) comes out at the measured ~1.5 GiB."""
+VLLM_MAX_BATCHED_TOKENS = 8192
+VLLM_MAX_SEQS = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutMemory:
+    budget: int
+    """gpu_memory_utilization x GPU memory: what vLLM holds while awake."""
+    weights: int
+    workspace: int
+    kv_cache: int
+    kv_bytes_per_token: int
+    asleep: int = VLLM_ASLEEP_BYTES
+    sleeps: bool = True
+    """False for the HF backend: its weights stay on the GPU in every phase."""
+
+    @property
+    def kv_tokens(self) -> int:
+        return max(0, self.kv_cache) // self.kv_bytes_per_token
+
+
+def rollout_memory(d: ModelDims, tp: int, p: int, utilization: float, gpu_bytes: int) -> RolloutMemory:
+    budget = int(utilization * gpu_bytes)
+    weights = total_params(d) * p // tp
+    workspace = vllm_workspace_bytes(d, tp, p)
+    return RolloutMemory(budget=budget, weights=weights, workspace=workspace,
+                         kv_cache=budget - weights - workspace, kv_bytes_per_token=kv_bytes_per_token(d, tp, p))
+
+
+def hf_rollout_memory(d: ModelDims, p: int) -> RolloutMemory:
+    """The HF fallback backend (``rollout.backend=hf``): the whole model on every rank,
+    never asleep; it decodes one sequence at a time, so its KV cache is one row's."""
+    weights = total_params(d) * p
+    return RolloutMemory(budget=weights, weights=weights, workspace=0, kv_cache=0,
+                         kv_bytes_per_token=kv_bytes_per_token(d, 1, p), asleep=weights, sleeps=False)
+
+
+def kv_bytes_per_token(d: ModelDims, tp: int, p: int) -> int:
+    """K and V of every layer for one token on one rollout rank (KV heads are split over
+    TP, and replicated when TP exceeds their number)."""
+    kv_heads = max(1, d.kv_heads // tp)
+    return 2 * d.num_layers * kv_heads * d.head_dim * p
+
+
+def vllm_workspace_bytes(d: ModelDims, tp: int, p: int) -> int:
+    """vLLM's profiled peak besides weights and KV cache: the largest chunked-prefill
+    forward (hidden states and SwiGLU intermediates of its token budget), the sampler's fp32
+    logits for its maximum batch, and CUDA graphs (`VLLM_FIXED_WORKSPACE_BYTES`)."""
+    ffn = d.ffn if d.moe is None else d.moe.ffn_hidden_size * d.moe.top_k
+    forward = VLLM_MAX_BATCHED_TOKENS * p * (4 * d.hidden + 3 * ffn // tp)
+    sampler = VLLM_MAX_SEQS * vocab_rows(d, tp) * 4 * 2
+    return VLLM_FIXED_WORKSPACE_BYTES + forward + sampler
+
+
+def sync_mode(requested: str, train_tp: int, rollout_tp: int) -> str:
+    """What ``auto`` resolves to on CUDA vLLM (`verl_mp.bridge.weight_sync.make_weight_sync`)."""
+    if requested != "auto":
+        return requested
+    return "local" if train_tp == rollout_tp else "gather"
+
+
+def sync_transient_bytes(d: ModelDims, train_tp: int, mode: str, bucket_mb: int, p: int) -> int:
+    bucket = bucket_mb * 2**20
+    if mode == "local":
+        return max(bucket, largest_tensor_params(d, train_tp, gathered=False) * p)
+    gathered = largest_tensor_params(d, train_tp, gathered=True) * p
+    return max(bucket, gathered) + gathered
