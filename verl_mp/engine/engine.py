@@ -142,7 +142,8 @@ class MegatronEngine:
             chunk.eval()
         with torch.no_grad():
             results = schedule.forward_backward(self.chunks, [m.model_inputs | {"_mb": m} for m in mbs],
-                                                collect, forward_only=True)
+                                                collect, forward_only=True,
+                                                on_forward=self.moe.on_forward if self.moe else None)
         return {k: self._gather(mbs, results, k, input_ids.shape) for k in keys}
 
     # ----------------------------------------------------------------- training
@@ -175,7 +176,7 @@ class MegatronEngine:
         for chunk in self.chunks:
             chunk.train()
         if self.moe is not None:
-            self.moe.start_step(mbs)
+            self.moe.start_step(batch["attention_mask"])
         metrics = schedule.train_step(self.chunks, self.optimizer, self.scheduler,
                                       [m.model_inputs | {"_mb": m} for m in mbs], wrapped, self.state,
                                       on_forward=self.moe.on_forward if self.moe else None)

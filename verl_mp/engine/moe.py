@@ -5,10 +5,9 @@
   Qwen2-MoE's sigmoid-gated shared expert) and pick the token dispatcher.
 - `RouterLossScale`: megatron scales the load-balancing and z-loss gradients for its own
   per-token normalisation, which the engine does not use (losses arrive normalised by
-  global counts, gradients are summed; `verl_mp.engine.schedule`). Setting the coefficients
-  per micro-batch to ``coeff * sp / step_tokens`` gives exactly ``coeff`` x the token-weighted
-  mean over the step's micro-batches (``sp``: TP under sequence parallelism, where megatron
-  weights each rank's part by its 1/TP share of the tokens).
+  global counts, gradients are summed; `verl_mp.engine.schedule`). Rescaled coefficients per
+  micro-batch and rank make them exactly ``coeff`` x the token-weighted mean over the step
+  (`RouterLossScale`); padding is excluded (megatron's ``padding_mask``).
 - `RouterStats`: forward hooks on the routers count, over real (non-padding) tokens, the
   assignments per expert and layer, the dropped ones, and the router probabilities; after a
   step they become scalar metrics (`RouterStats.metrics`).
@@ -67,19 +66,31 @@ def moe_config_kwargs(spec: GPTSpec, moe: MoEConfig, dispatcher: str) -> dict:
 
 @dataclass
 class RouterLossScale:
-    """Per-micro-batch router-loss coefficients (see the module doc)."""
+    """Per-micro-batch router-loss coefficients (see the module doc).
+
+    megatron-core 0.16.1 computes, per micro-batch and rank, the load-balancing loss of its
+    router-input slice (sequence parallelism: 1/TP of the tokens, normalised by the TP
+    group's token count, so the slices' losses sum to the micro-batch's) and the z-loss mean
+    over its slice divided by TP, and scales their gradients for its per-token mode: the
+    z-loss by the slice's real tokens, the load-balancing loss by the real tokens of the
+    whole TP group (``get_tokens_per_expert_and_token_count`` all-reduces its "local" count
+    in place). With ``N`` real tokens in the step and ``sp`` = TP under sequence parallelism
+    (else 1), the coefficients ``aux / N`` and ``z * sp / N`` then make the gradient exactly
+    ``aux`` x (token-weighted mean of the micro-batches' load-balancing losses) + ``z`` x
+    (mean z-loss over the step's tokens), at any layout (tests/dist/test_engine_moe.py
+    compares TP2 + SP against one rank).
+    """
 
     moe: MoEConfig
     sp_factor: int
-    """TP size under sequence parallelism, else 1."""
     step_tokens: int = 0
-    """Tokens the routers see in the step's real micro-batches, over all data-parallel ranks."""
+    """Real tokens of the step (all data-parallel ranks)."""
 
-    def apply(self, config, dummy: bool) -> None:
-        """Set ``config``'s coefficients for the next micro-batch (0 for padding micro-batches)."""
-        scale = 0.0 if dummy or self.step_tokens == 0 else self.sp_factor / self.step_tokens
+    def apply(self, config, active: bool = False) -> None:
+        """Set ``config``'s coefficients for the next micro-batch (0 when not ``active``)."""
+        scale = 1.0 / self.step_tokens if active and self.step_tokens > 0 else 0.0
         config.moe_aux_loss_coeff = self.moe.aux_loss_coeff * scale
-        z = self.moe.z_loss_coeff * scale
+        z = self.moe.z_loss_coeff * self.sp_factor * scale
         config.moe_z_loss_coeff = z if z > 0 else None
 
 
@@ -229,32 +240,36 @@ class MoERuntime:
             mbs = [pad_model_inputs(mb, rows, width) for mb in mbs]
         return mbs + [dummy_like(mbs[-1]) for _ in range(count - len(mbs))]
 
-    def start_step(self, mbs: list) -> None:
-        """Count the step's routed tokens (all data-parallel ranks) and start recording stats."""
-        from megatron.core import parallel_state as mps
-
-        local = sum(mb.model_inputs["input_ids"].numel() for mb in mbs if not mb.dummy)
-        total = torch.tensor([local], dtype=torch.float64, device=_device())
-        dist.all_reduce(total, group=mps.get_data_parallel_group())
-        self.loss_scale.step_tokens = int(total.item())
+    def start_step(self, attention_mask: torch.Tensor) -> None:
+        """Before a train step on the full ``[B, S]`` batch: the step's real-token count (for
+        the router losses) and start recording routing stats."""
+        self.loss_scale.step_tokens = int(attention_mask.sum())
         self.stats.enabled = True
 
     def end_step(self) -> dict[str, float]:
         """Stop recording; the step's routing metrics (collective)."""
         self.stats.enabled = False
         self.loss_scale.step_tokens = 0
-        self.loss_scale.apply(self.config, dummy=True)
+        self.loss_scale.apply(self.config)
         return self.stats.metrics(self.state, self.sequence_parallel)
 
-    def on_forward(self, batch: dict) -> None:
-        """Before a micro-batch's forward: its router-loss coefficients and token mask."""
-        mb = batch["_mb"]
-        self.loss_scale.apply(self.config, mb.dummy)
-        self.stats.set_token_mask(None if mb.dummy else self.router_token_mask(mb))
+    def on_forward(self, batch: dict, model) -> dict:
+        """Before a micro-batch's forward on one chunk: router-loss coefficients, the stats'
+        token mask; returns the model's ``padding_mask`` argument (True on padding)."""
+        from verl_mp.engine.layout import unwrap
 
-    def router_token_mask(self, mb) -> torch.Tensor:
-        """Real tokens in the routers' order: ``[s, b]`` flattened (this rank's SP slice)."""
-        mask = mb.model_token_mask().t()
-        if self.sequence_parallel:
-            mask = mask.chunk(self.state.tp_size, dim=0)[self.state.tp_rank]
-        return mask.reshape(-1)
+        mb = batch["_mb"]
+        keep = mb.model_token_mask()  # [rows, width], model-input layout
+        local = self._sp_slice(keep.t())  # [width (/TP), rows]: the routers' token order
+        self.loss_scale.apply(self.config, active=not mb.dummy)
+        self.stats.set_token_mask(None if mb.dummy else local.reshape(-1))
+        # GPTModel scatters the mask over sequence-parallel ranks only on the first stage
+        # (megatron-core 0.16.1 _preprocess); later stages must get their slice already.
+        first = unwrap(model).pre_process
+        return {"padding_mask": ~(keep if first or not self.sequence_parallel else local.t())}
+
+    def _sp_slice(self, seq_major: torch.Tensor) -> torch.Tensor:
+        """``[s, ...]`` -> this rank's sequence-parallel part (unchanged without SP)."""
+        if not self.sequence_parallel:
+            return seq_major
+        return seq_major.chunk(self.state.tp_size, dim=0)[self.state.tp_rank]

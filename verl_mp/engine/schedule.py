@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl_mp.engine.runtime import ParallelState, local_device, megatron_scope
 
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+OnForward = Callable[[dict, torch.nn.Module], dict]
 
 
 def finalize_grads_summed(model, num_tokens=None, **kwargs):
@@ -35,14 +36,13 @@ def finalize_grads_summed(model, num_tokens=None, **kwargs):
 
 def _forward_step(loss_fn: LossFn | None, on_forward, data_iterator, model):
     batch = next(data_iterator)
-    if on_forward is not None:
-        on_forward(batch)
+    extra = on_forward(batch, model) if on_forward is not None else {}
     input_ids = batch["input_ids"]
     position_ids = batch.get("position_ids")
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     # packed_seq_params (THD, padding removed) is set by verl_mp.engine.batching when packing.
-    output = model(input_ids, position_ids, None, packed_seq_params=batch.get("packed_seq_params"))
+    output = model(input_ids, position_ids, None, packed_seq_params=batch.get("packed_seq_params"), **extra)
     if loss_fn is None:
         return output, _collect_output
     return output, partial(_loss_wrapper, loss_fn, batch)
@@ -66,12 +66,13 @@ def forward_backward(
     loss_fn: LossFn | None,
     *,
     forward_only: bool,
-    on_forward: Callable[[dict], None] | None = None,
+    on_forward: OnForward | None = None,
 ) -> list[dict]:
     """Run all micro-batches through the pipeline; return per-micro-batch dicts (last stage).
 
-    ``on_forward(micro_batch)`` runs on every stage right before each micro-batch's forward
-    (the engine sets per-micro-batch router state there).
+    ``on_forward(micro_batch, model_chunk) -> dict`` runs on every stage right before each
+    micro-batch's forward and returns extra keyword arguments for the model (the engine sets
+    per-micro-batch router state and the MoE padding mask there).
 
     With PP > 1 and ``config.variable_seq_lengths`` off, every micro-batch must have the
     same ``input_ids`` shape ``[b, s]`` (stages then exchange activations of that fixed
@@ -140,7 +141,7 @@ def _broadcast_names(keys: list[str], state: ParallelState) -> list[str]:
 
 
 def train_step(chunks, optimizer, scheduler, micro_batches, loss_fn: LossFn, state: ParallelState,
-               on_forward: Callable[[dict], None] | None = None) -> dict:
+               on_forward: OnForward | None = None) -> dict:
     """One optimizer step over ``micro_batches``; returns reduced metrics incl. grad_norm, lr."""
     for chunk in chunks:
         chunk.zero_grad_buffer()
