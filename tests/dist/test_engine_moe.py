@@ -26,9 +26,9 @@ PROG = str(Path(__file__).parent / "progs" / "moe_checks.py")
 BATCH = 7
 TOL = 1e-4
 LAUNCHES = [  # name, layout flags, ranks, checks; "ep2" saves what "resume" loads
-    ("ep2", dict(ep=2), 2, "logprobs,train,save"),
+    ("ep2", dict(ep=2), 2, "logprobs,train,save,packed"),
     ("tp2_ep2", dict(tp=2, ep=2), 4, "logprobs,export,train,resume"),  # expert-TP = TP = 2
-    ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume"),
+    ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume,packed"),
     ("ep2_etp2", dict(ep=2, etp=2), 4, "logprobs,train"),
     ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1), 2, "logprobs,train"),  # the EP group is the TP group
 ]
@@ -126,6 +126,20 @@ def test_training_with_router_losses_agrees_across_layouts(env):
         for key, value in m.items():
             assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (layout, key)
         assert _max_diff(got["after"], base["after"]) <= TOL, layout
+
+
+@pytest.mark.parametrize("layout", ["ep2", "pp2_ep2"])
+def test_packed_token_budget_micro_batches_with_padding_micro_batches(env, layout):
+    """Packed micro-batches filled to a token budget differ in number between data-parallel
+    ranks; the MoE engine pads with micro-batches that only run the collectives, and the
+    step equals the padded fixed-size one."""
+    runs = env["results"][layout]["packed"]
+    counts = {tuple(c) for c in runs["packed"]["micro_batches"]}
+    assert any(dummies > 0 for _, dummies in counts) and len({n for n, _ in counts}) == 1, counts
+    padded, packed = runs["padded"], runs["packed"]
+    for key in ("pg_loss", "entropy", "grad_norm", "moe/load_balancing_loss", "moe/tokens_per_expert_max"):
+        assert packed["metrics"][key] == pytest.approx(padded["metrics"][key], rel=1e-5), key
+    assert _max_diff(packed["after"], padded["after"]) <= TOL
 
 
 def test_checkpoint_saved_at_ep2_resumes_at_other_layouts(env):

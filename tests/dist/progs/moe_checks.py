@@ -9,6 +9,9 @@ Checks (``--checks``, comma separated):
   metrics and the log-probs after it (compared across layouts by the test).
 - ``save``: after that step, save a dist checkpoint, then a second step's metrics and
   log-probs; ``resume`` loads the checkpoint at this (other) layout and does the same.
+- ``packed``: without router losses (they depend on how tokens are grouped into
+  micro-batches), one step with padded fixed-size micro-batches and one with packed
+  token-budget ones, whose counts differ between data-parallel ranks (padding micro-batches).
 """
 
 import argparse
@@ -37,10 +40,11 @@ class Runner:
                                        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
                                        sequence_parallel=a.tp > 1)
 
-    def engine(self, arch: str, role: str = "ref") -> MegatronEngine:
+    def engine(self, arch: str, role: str = "ref", moe: MoEConfig = ROUTER_LOSSES, **kw) -> MegatronEngine:
+        kw = {"micro_batch_size": 2, **kw}
         cfg = EngineConfig(model_path=str(Path(self.a.models) / arch), role=role, parallel=self.parallel,
-                           optim=OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1.0), moe=ROUTER_LOSSES,
-                           micro_batch_size=2, total_training_steps=4, attention_backend="sdpa")
+                           optim=OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1.0), moe=moe,
+                           total_training_steps=4, attention_backend="sdpa", **kw)
         engine = MegatronEngine(cfg)
         engine.load_hf()
         return engine
@@ -69,6 +73,17 @@ class Runner:
     def check_save(self):
         self.actor.save_checkpoint(str(Path(self.a.work) / "ckpt"))
         self.results["resume"] = dict(before=self.lp(self.actor, 2).tolist(), **self.step(self.actor, 2))
+
+    def check_packed(self):
+        out = self.results.setdefault("packed", {})
+        budget = dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40)
+        for name, kw in (("padded", {}), ("packed", budget)):
+            engine = self.engine("qwen3_moe", role="actor", moe=MoEConfig(), **kw)
+            b = batch_for(engine.spec.vocab_size, 1)
+            mbs = engine._micro_batches(b)
+            counts = [None] * dist.get_world_size()
+            dist.all_gather_object(counts, (len(mbs), sum(mb.dummy for mb in mbs)))
+            out[name] = dict(micro_batches=counts, **self.step(engine, 1))
 
     def check_resume(self):
         engine = self.engine("qwen2_moe", role="actor")
