@@ -132,9 +132,10 @@ class RouterStats:
         self.reset()
 
     def reset(self) -> None:
-        self.counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
+        # On the device: the hooks add to them without a host synchronisation per layer.
+        self.counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64, device=_device())
         self.prob_sums = torch.zeros_like(self.counts)
-        self.tokens = torch.zeros(self.num_layers, dtype=torch.float64)
+        self.tokens = torch.zeros(self.num_layers, dtype=torch.float64, device=_device())
 
     def attach(self, chunks: list) -> list:
         """Register the hooks; returns their handles."""
@@ -152,15 +153,16 @@ class RouterStats:
         return hook
 
     def _record(self, layer: int, router, hidden: torch.Tensor, routing_map: torch.Tensor) -> None:
-        keep = self.token_mask.to(routing_map.device)
+        keep = self.token_mask
         logits = torch.nn.functional.linear(hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float())
         probs = torch.softmax(logits, dim=-1)[keep]
-        self.counts[layer] += routing_map[keep].sum(dim=0).double().cpu()
-        self.prob_sums[layer] += probs.sum(dim=0).double().cpu()
-        self.tokens[layer] += float(keep.sum())
+        self.counts[layer] += routing_map[keep].sum(dim=0).double()
+        self.prob_sums[layer] += probs.sum(dim=0).double()
+        self.tokens[layer] += keep.sum()
 
-    def metrics(self, state, sequence_parallel: bool) -> dict[str, float]:
-        """Reduce over ranks and summarise (collective over the world; every rank gets them).
+    def metrics(self, sequence_parallel: bool) -> dict[str, float]:
+        """Reduce over DP, PP and (under sequence parallelism) TP, and summarise; collective,
+        every rank gets the same values.
 
         - ``moe/load_balancing_loss``: mean over layers of ``E * sum_i f_i * P_i`` on the step's
           tokens (1.0 when perfectly balanced; the quantity ``moe.aux_loss_coeff`` weighs, here
@@ -171,7 +173,7 @@ class RouterStats:
         """
         from megatron.core import parallel_state as mps
 
-        stacked = torch.cat([self.counts, self.prob_sums, self.tokens[:, None]], dim=1).to(_device())
+        stacked = torch.cat([self.counts, self.prob_sums, self.tokens[:, None]], dim=1)
         groups = [mps.get_data_parallel_group(), mps.get_pipeline_model_parallel_group()]
         if sequence_parallel:
             groups.append(mps.get_tensor_model_parallel_group())  # each TP rank saw its own slice
@@ -251,7 +253,7 @@ class MoERuntime:
         self.stats.enabled = False
         self.loss_scale.step_tokens = 0
         self.loss_scale.apply(self.config)
-        return self.stats.metrics(self.state, self.sequence_parallel)
+        return self.stats.metrics(self.sequence_parallel)
 
     def on_forward(self, batch: dict, model) -> dict:
         """Before a micro-batch's forward on one chunk: router-loss coefficients, the stats'
