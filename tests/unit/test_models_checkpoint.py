@@ -101,6 +101,44 @@ def test_cli_refuses_bad_layout_before_launching(tiny, no_launch, capsys, tp, pp
     assert re.search(match, capsys.readouterr().err)
 
 
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory):
+    return build_tiny_checkpoint("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe") / "model")
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--ep", "3"], r"--tp 1 --pp 1 --ep 3 does not fit .*expert_model_parallel_size=3 must divide the number of experts \(4\)"),
+    (["--ep", "2", "--etp", "3"], r"expert_tensor_parallel_size=3 must divide the expert intermediate size \(32\)"),
+])
+def test_cli_refuses_bad_expert_layout_before_launching(tiny_moe, no_launch, capsys, flags, match):
+    assert cli_main(["verify", "--model", str(tiny_moe), *flags]) == 2 and not no_launch
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_cli_refuses_expert_parallel_for_dense_models(tiny, no_launch, capsys):
+    assert cli_main(["convert", "hf-to-megatron", "--src", str(tiny), "--out", "o", "--ep", "2"]) == 2
+    assert not no_launch and "expert_model_parallel_size=2 needs a mixture-of-experts" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,nproc", [(["--tp", "2", "--ep", "2"], 4), (["--tp", "2", "--ep", "2", "--etp", "1"], 2),
+                                         (["--pp", "2", "--ep", "2"], 4), (["--ep", "4"], 4)])
+def test_cli_starts_the_ranks_an_expert_layout_needs(tiny_moe, monkeypatch, capsys, flags, nproc):
+    """TP x PP and expert-TP x EP x PP must both divide the world: the CLI starts their lcm."""
+    calls = []
+
+    def fake_launch(module, n, args, **kw):
+        calls.append((n, args))
+        with open(args[args.index("--out") + 1], "w") as f:
+            json.dump({"max_abs_diff": 0.0}, f)
+
+    monkeypatch.setattr(cli_engine, "launch_local", fake_launch)
+    assert cli_main(["verify", "--model", str(tiny_moe), *flags]) == 0
+    [(n, args)] = calls
+    assert n == nproc and "--ep" in args
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["ep"] == int(flags[flags.index("--ep") + 1]) and line["arch"] == "Qwen3MoeForCausalLM"
+
+
 def test_cli_refuses_bad_checkpoint_before_launching(copy, no_launch, capsys):
     edit_config(copy, architectures=["FalconForCausalLM"])
     assert cli_main(["convert", "hf-to-megatron", "--src", str(copy), "--out", str(copy / "o")]) == 2

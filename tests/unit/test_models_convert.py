@@ -40,6 +40,11 @@ SPECS = {
     "qwen3": spec_from_hf_config(config("Qwen3ForCausalLM", head_dim=12)),
     "mistral": spec_from_hf_config(config("MistralForCausalLM", sliding_window=16)),
     "critic": spec_from_hf_config(config("LlamaForTokenClassification")),
+    "qwen3_moe": spec_from_hf_config(config("Qwen3MoeForCausalLM", head_dim=12, num_experts=4, num_experts_per_tok=2,
+                                            moe_intermediate_size=32, norm_topk_prob=True)),
+    "qwen2_moe": spec_from_hf_config(config("Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                                            moe_intermediate_size=32, shared_expert_intermediate_size=48)),
+    "mixtral": spec_from_hf_config(config("MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)),
 }
 
 
@@ -65,6 +70,36 @@ def test_spec_fields_per_architecture():
     assert SPECS["mistral"].sliding_window == 16
     assert SPECS["llama"].num_query_groups == 2 and SPECS["llama"].rotary_base == 500000.0
     assert SPECS["critic"].value_head and not SPECS["critic"].tie_word_embeddings
+
+
+def test_moe_specs_per_architecture():
+    q3, q2, mx = SPECS["qwen3_moe"].moe, SPECS["qwen2_moe"].moe, SPECS["mixtral"].moe
+    assert (q3.num_experts, q3.top_k, q3.ffn_hidden_size, q3.norm_topk_prob) == (4, 2, 32, True)
+    assert q3.shared_expert_ffn_hidden_size is None and not q3.shared_expert_gate
+    assert not q2.norm_topk_prob and q2.shared_expert_ffn_hidden_size == 48 and q2.shared_expert_gate
+    assert mx.ffn_hidden_size == 96 and mx.norm_topk_prob  # Mixtral: intermediate_size, always renormalised
+    names = megatron_global_names(SPECS["mixtral"])
+    assert "decoder.layers.1.mlp.experts.3.linear_fc2.weight" in names
+    assert hf_names(SPECS["mixtral"], "decoder.layers.1.mlp.experts.3.linear_fc1.weight") == (
+        "model.layers.1.block_sparse_moe.experts.3.w1.weight", "model.layers.1.block_sparse_moe.experts.3.w3.weight")
+    assert hf_names(SPECS["qwen2_moe"], "decoder.layers.0.mlp.shared_experts.gate_weight") == (
+        "model.layers.0.mlp.shared_expert_gate.weight",)
+    with pytest.raises(KeyError):  # expert index beyond num_experts
+        hf_names(SPECS["mixtral"], "decoder.layers.0.mlp.experts.4.linear_fc2.weight")
+
+
+@pytest.mark.parametrize("arch,bad,match", [
+    ("Qwen3MoeForCausalLM", dict(mlp_only_layers=[1]), "mlp_only_layers"),
+    ("Qwen2MoeForCausalLM", dict(decoder_sparse_step=2, shared_expert_intermediate_size=8), "decoder_sparse_step"),
+    ("MixtralForCausalLM", dict(router_jitter_noise=0.1), "router_jitter_noise"),
+    ("Qwen3MoeForCausalLM", dict(num_local_experts=8), "num_experts/num_local_experts"),
+])
+def test_unsupported_moe_configs_raise_naming_the_field(arch, bad, match):
+    base = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, num_local_experts=4)
+    if arch == "MixtralForCausalLM":
+        base.pop("num_experts")
+    with pytest.raises(ValueError, match=match):
+        spec_from_hf_config(config(arch, **{**base, **bad}))
 
 
 def test_legacy_transformers4_rope_fields():

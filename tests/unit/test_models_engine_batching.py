@@ -3,8 +3,16 @@
 import pytest
 import torch
 
-from verl_mp.engine.batching import build_micro_batch, plan_micro_batches, row_spans, scatter_rows
+from verl_mp.engine.batching import (
+    build_micro_batch,
+    dummy_like,
+    pad_model_inputs,
+    plan_micro_batches,
+    row_spans,
+    scatter_rows,
+)
 from verl_mp.engine.logprobs import vocab_parallel_log_probs
+from verl_mp.engine.moe import summarise
 
 pytestmark = pytest.mark.unit
 
@@ -67,3 +75,37 @@ def test_log_probs_entropy_and_padded_vocab_on_one_rank():
     assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=1e-5)
     (lp.sum() + ent.sum()).backward()
     assert torch.isfinite(logits.grad).all() and logits.grad[..., vocab:].abs().max() == 0
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_pad_model_inputs_keeps_real_tokens_and_crops_back(packed):
+    """MoE token exchange pads micro-batches to a common shape: real tokens keep their place,
+    the mask marks them, and crop() returns the unpadded model output."""
+    starts, lengths = row_spans(MASK)
+    mb = build_micro_batch(IDS, starts, lengths, [0, 3], packed=packed)
+    rows, width = (1, 9) if packed else (3, 6)
+    big = pad_model_inputs(mb, rows, width)
+    ids, small = big.model_inputs["input_ids"], mb.model_inputs["input_ids"]
+    assert tuple(ids.shape) == (rows, width) and torch.equal(ids[: small.shape[0], : small.shape[1]], small)
+    keep = big.model_token_mask()
+    assert int(keep.sum()) == 5 and torch.equal(keep[: small.shape[0], : small.shape[1]], mb.model_token_mask())
+    output = torch.randn(rows, width, 7)
+    assert torch.equal(big.crop(output), output[: small.shape[0], : small.shape[1]])
+    if packed:  # the padding is one more THD sequence: no real token attends to it
+        assert big.model_inputs["packed_seq_params"].cu_seqlens_q.tolist() == [0, 3, 5, 9]
+    assert dummy_like(big).dummy and not big.dummy
+    with pytest.raises(ValueError, match="cannot pad"):
+        pad_model_inputs(mb, 1, 1)
+
+
+def test_routing_metric_summary_by_hand():
+    # 2 layers, 2 experts, top-1, 4 tokens: layer 0 balanced, layer 1 all on expert 0
+    counts = torch.tensor([[2.0, 2.0], [4.0, 0.0]])
+    probs = torch.tensor([[2.0, 2.0], [3.0, 1.0]])
+    m = summarise(counts, probs, torch.tensor([4.0, 4.0]), top_k=1)
+    # E * sum_i f_i P_i: layer 0 = 2 * (0.5*0.5 + 0.5*0.5) = 1; layer 1 = 2 * (1 * 0.75) = 1.5
+    assert m["moe/load_balancing_loss"] == pytest.approx(1.25)
+    assert m["moe/tokens_per_expert_max"] == 4 and m["moe/tokens_per_expert_mean"] == 2
+    assert m["moe/max_over_mean_load"] == 2 and m["moe/dropped_tokens"] == 0
+    dropped = summarise(torch.tensor([[1.0, 2.0]]), torch.tensor([[2.0, 2.0]]), torch.tensor([4.0]), top_k=1)
+    assert dropped["moe/dropped_tokens"] == 1

@@ -51,6 +51,40 @@ def test_layout_errors_name_the_setting(cfg, world, msg):
         validate_layout(ParallelConfig(**cfg), world, SHAPE)
 
 
+MOE = ModelShape(num_layers=4, num_attention_heads=4, num_query_groups=2, vocab_size=100, num_experts=6,
+                 moe_ffn_hidden_size=30)
+
+
+@pytest.mark.parametrize(
+    "cfg,world,shape,msg",
+    [
+        (dict(expert_model_parallel_size=2), 2, SHAPE, r"expert_model_parallel_size=2 needs a mixture-of-experts"),
+        (dict(expert_model_parallel_size=4), 4, MOE, r"expert_model_parallel_size=4 must divide the number of experts \(6\)"),
+        (dict(expert_model_parallel_size=2, expert_tensor_parallel_size=4), 8, MOE,
+         r"expert_tensor_parallel_size=4 must divide the expert intermediate size \(30\)"),
+        (dict(expert_model_parallel_size=3, pipeline_model_parallel_size=2), 4, MOE,
+         r"world size 4 is not divisible by actor.expert_tensor_parallel_size=1 x actor.expert_model_parallel_size=3"),
+        (dict(expert_model_parallel_size=0), 1, MOE, r"actor.expert_model_parallel_size=0 must be a positive"),
+        (dict(tensor_model_parallel_size=2, expert_model_parallel_size=2), 4, MOE,
+         r"at actor.tensor_model_parallel_size=2 needs actor.sequence_parallel=true"),
+        (dict(expert_tensor_parallel_size=2), 2, MOE, r"at actor.expert_model_parallel_size=1; megatron"),
+    ],
+)
+def test_expert_layout_errors_name_the_setting(cfg, world, shape, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_layout(ParallelConfig(**cfg), world, shape, "actor.")
+
+
+def test_valid_expert_layouts():
+    # TP2 x EP2 with expert-TP 1 on 2 ranks: the EP group is the TP group
+    cfg = ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2, expert_tensor_parallel_size=1,
+                         sequence_parallel=True)
+    assert validate_layout(cfg, 2, MOE) == 1
+    # forward-only engines need no sequence parallelism
+    assert validate_layout(ParallelConfig(tensor_model_parallel_size=2, expert_model_parallel_size=2), 4, MOE,
+                           trainable=False) == 2
+
+
 def test_valid_layout_returns_dp_size():
     cfg = ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
     assert validate_layout(cfg, 8, SHAPE) == 2

@@ -5,9 +5,9 @@ Wire into the main parser with ``add_subcommands(subparsers)``; each subcommand 
 architecture, shards, tensor shapes, TP/PP against heads/layers, rank count) runs before
 any rank starts.
 
-    verl-mp convert hf-to-megatron --src HF_DIR --out CKPT_DIR [--tp N --pp M]
-    verl-mp convert megatron-to-hf --src CKPT_DIR --out HF_DIR [--tp N --pp M]
-    verl-mp verify --model HF_DIR --tp N --pp M [--dtype fp32] [--tol 1e-4]
+    verl-mp convert hf-to-megatron --src HF_DIR --out CKPT_DIR [--tp N --pp M --ep E --etp K]
+    verl-mp convert megatron-to-hf --src CKPT_DIR --out HF_DIR [--tp N --pp M --ep E --etp K]
+    verl-mp verify --model HF_DIR --tp N --pp M [--ep E --etp K] [--dtype fp32] [--tol 1e-4]
     verl-mp verify --model HF_DIR --tp N --pp M --rollout vllm --rollout-tp K
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import subprocess
 import sys
 import tempfile
@@ -65,31 +66,56 @@ def add_subcommands(subparsers) -> None:
 def _layout_args(parser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (mixture-of-experts models)")
+    parser.add_argument("--etp", type=int, default=None,
+                        help="expert tensor-parallel size (default: the same as --tp)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
 
 
-def preflight(model_dir: str | Path, tp: int, pp: int, *, config_only: bool = False):
+def layout_from_args(args) -> ParallelConfig:
+    return ParallelConfig(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                          expert_model_parallel_size=args.ep, expert_tensor_parallel_size=args.etp)
+
+
+def world_size(parallel: ParallelConfig) -> int:
+    """The fewest ranks the layout runs on: TP x PP (attention) and expert-TP x EP x PP (experts)
+    must both divide it."""
+    return math.lcm(parallel.model_parallel_size, parallel.expert_tp_size * parallel.expert_model_parallel_size
+                    * parallel.pipeline_model_parallel_size)
+
+
+def layout_cli(parallel: ParallelConfig) -> list:
+    """``--tp/--pp/--ep[/--etp]`` arguments of a rank program for ``parallel``."""
+    etp = parallel.expert_tensor_parallel_size
+    return ["--tp", parallel.tensor_model_parallel_size, "--pp", parallel.pipeline_model_parallel_size,
+            "--ep", parallel.expert_model_parallel_size] + ([] if etp is None else ["--etp", etp])
+
+
+def preflight(model_dir: str | Path, parallel: ParallelConfig, *, config_only: bool = False):
     """Validate the checkpoint and the layout (raises ValueError/FileNotFoundError); return its spec."""
     from verl_mp.models.hf_checkpoint import open_hf_checkpoint
 
     spec = open_hf_checkpoint(model_dir, config_only=config_only).spec
-    parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    flags = f"--tp {parallel.tensor_model_parallel_size} --pp {parallel.pipeline_model_parallel_size}"
+    if parallel.expert_model_parallel_size != 1 or parallel.expert_tensor_parallel_size is not None:
+        flags += " " + " ".join(str(a) for a in layout_cli(parallel)[4:])
     try:
-        validate_layout(parallel, tp * pp, spec.shape)
+        validate_layout(parallel, world_size(parallel), spec.shape, trainable=False)
     except ValueError as err:
-        raise ValueError(f"--tp {tp} --pp {pp} does not fit {model_dir}: {err}") from None
+        raise ValueError(f"{flags} does not fit {model_dir}: {err}") from None
     return spec
 
 
 def run_verify(args) -> int:
     if args.rollout:
         return run_verify_rollout(args)
-    spec = preflight(args.model, args.tp, args.pp)
+    parallel = layout_from_args(args)
+    spec = preflight(args.model, parallel)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verify.json"
-        cli = ["--model", args.model, "--tp", args.tp, "--pp", args.pp, "--dtype", args.dtype,
+        cli = ["--model", args.model, *layout_cli(parallel), "--dtype", args.dtype,
                "--backend", args.backend, "--out", out]
-        _launch("verl_mp.cli.rank_verify", args.tp * args.pp, cli)
+        _launch("verl_mp.cli.rank_verify", world_size(parallel), cli)
         result = json.loads(out.read_text())
     tol = args.tol
     if tol is None:
@@ -97,6 +123,7 @@ def run_verify(args) -> int:
         tol = FP32_TOL if hf_err is None else max(BF16_FLOOR, BF16_FACTOR * hf_err)
     passed = result["max_abs_diff"] <= tol
     line = {**result, "tol": tol, "passed": passed, "tp": args.tp, "pp": args.pp,
+            **({"ep": args.ep, "etp": parallel.expert_tp_size} if spec.moe else {}),
             "arch": spec.architecture, "dtype": args.dtype, "reference": "hf-fp32"}
     print(json.dumps(line), flush=True)
     return 0 if passed else 1
@@ -109,7 +136,10 @@ def run_verify_rollout(args) -> int:
     from verl_mp.config.rollout import RolloutConfig, validate_rollout_layout, validate_sync_mode
     from verl_mp.rollout.compat import check_vllm
 
-    spec = preflight(args.model, args.tp, args.pp)
+    if args.ep != 1 or args.etp is not None:
+        raise ValueError("--rollout vllm does not support --ep/--etp yet (the mixture-of-experts weight "
+                         "sync into vLLM is not built)")
+    spec = preflight(args.model, layout_from_args(args))
     world = max(args.tp * args.pp, args.rollout_tp)
     if world % (args.tp * args.pp) or world % args.rollout_tp:
         raise ValueError(f"--tp {args.tp} x --pp {args.pp} and --rollout-tp {args.rollout_tp} need a "
@@ -135,17 +165,19 @@ def run_verify_rollout(args) -> int:
 
 
 def run_convert(args) -> int:
+    parallel = layout_from_args(args)
     if args.direction == "hf-to-megatron":
-        preflight(args.src, args.tp, args.pp)
+        preflight(args.src, parallel)
     else:
         from verl_mp.cli.rank_convert import HF_SUBDIR, checkpoint_role
 
         checkpoint_role(args.src)
-        preflight(Path(args.src) / HF_SUBDIR, args.tp, args.pp, config_only=True)
-    cli = [args.direction, "--src", args.src, "--out", args.out, "--tp", args.tp, "--pp", args.pp,
+        preflight(Path(args.src) / HF_SUBDIR, parallel, config_only=True)
+    cli = [args.direction, "--src", args.src, "--out", args.out, *layout_cli(parallel),
            "--dtype", args.dtype] + (["--critic"] if args.critic else [])
-    _launch("verl_mp.cli.rank_convert", args.tp * args.pp, cli)
-    print(json.dumps({"converted": args.direction, "out": str(args.out), "tp": args.tp, "pp": args.pp}))
+    _launch("verl_mp.cli.rank_convert", world_size(parallel), cli)
+    print(json.dumps({"converted": args.direction, "out": str(args.out), "tp": args.tp, "pp": args.pp,
+                      "ep": args.ep, "etp": parallel.expert_tp_size}))
     return 0
 
 

@@ -1,7 +1,8 @@
 """Rank program of ``verl-mp convert``: HF <-> megatron distributed checkpoint.
 
-``hf-to-megatron``: build the engine at ``--tp/--pp``, load HF safetensors (each rank its
-slices), save a megatron dist checkpoint (model only; loadable at any TP/PP).
+``hf-to-megatron``: build the engine at ``--tp/--pp`` (and ``--ep/--etp`` for
+mixture-of-experts models), load HF safetensors (each rank its slices), save a megatron
+dist checkpoint (model only; loadable at any TP/PP/EP).
 ``megatron-to-hf``: build the engine from the checkpoint's stored HF config, load the
 checkpoint, export HF safetensors + index + config + tokenizer.
 
@@ -35,22 +36,21 @@ def checkpoint_role(ckpt_dir: str) -> str:
     return "critic" if role == "critic" else "ref"
 
 
-def _engine(model_dir: str, role: str, tp: int, pp: int, dtype: str):
+def _engine(model_dir: str, role: str, parallel: ParallelConfig, dtype: str):
     from verl_mp.engine.engine import MegatronEngine
 
-    parallel = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     return MegatronEngine(EngineConfig(model_path=model_dir, role=role, dtype=dtype, parallel=parallel,
                                        attention_backend="sdpa"))
 
 
-def hf_to_megatron(model_dir: str, out_dir: str, tp: int, pp: int, dtype: str, critic: bool) -> None:
-    engine = _engine(model_dir, "critic" if critic else "ref", tp, pp, dtype)
+def hf_to_megatron(model_dir: str, out_dir: str, parallel: ParallelConfig, dtype: str, critic: bool) -> None:
+    engine = _engine(model_dir, "critic" if critic else "ref", parallel, dtype)
     engine.load_hf()
     engine.save_checkpoint(out_dir)
 
 
-def megatron_to_hf(ckpt_dir: str, out_dir: str, tp: int, pp: int, dtype: str) -> None:
-    engine = _engine(str(Path(ckpt_dir) / HF_SUBDIR), checkpoint_role(ckpt_dir), tp, pp, dtype)
+def megatron_to_hf(ckpt_dir: str, out_dir: str, parallel: ParallelConfig, dtype: str) -> None:
+    engine = _engine(str(Path(ckpt_dir) / HF_SUBDIR), checkpoint_role(ckpt_dir), parallel, dtype)
     engine.load_checkpoint(ckpt_dir)
     engine.export_hf(out_dir)
 
@@ -62,14 +62,18 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--etp", type=int, default=None)
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--critic", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                              expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
     if a.direction == "hf-to-megatron":
-        hf_to_megatron(a.src, a.out, a.tp, a.pp, a.dtype, a.critic)
+        hf_to_megatron(a.src, a.out, parallel, a.dtype, a.critic)
     else:
-        megatron_to_hf(a.src, a.out, a.tp, a.pp, a.dtype)
+        megatron_to_hf(a.src, a.out, parallel, a.dtype)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -76,12 +76,15 @@ def main(argv=None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--etp", type=int, default=None)
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--backend", default="auto")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
+    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                              expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp)
     config = EngineConfig(model_path=a.model, role="ref", dtype=a.dtype, parallel=parallel,
                           micro_batch_size=2, attention_backend=a.backend)
     vocab = read_config(Path(a.model))["vocab_size"]

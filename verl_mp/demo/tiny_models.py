@@ -1,7 +1,7 @@
 """Tiny HF checkpoints built locally (no hub), each saved with the project's tiny tokenizer.
 
-- `build_tiny_checkpoint(kind, dir)`: every supported architecture (see `TINY_MODELS`),
-  for conversion tests and `verl-mp verify`. Weights are drawn so that conversion bugs
+- `build_tiny_checkpoint(kind, dir)`: every supported architecture (dense: `TINY_MODELS`;
+  mixture-of-experts: `TINY_MOE_MODELS`), for conversion tests and `verl-mp verify`. Weights are drawn so that conversion bugs
   show: all biases and norm weights are random (not the zeros/ones of a fresh model) and
   the scale gives peaked next-token distributions (a layout bug then moves log-probs by
   O(1), far above any tolerance). Their vocabularies are small odd numbers, smaller than
@@ -37,6 +37,24 @@ TINY_MODELS = {
 }
 
 
+_MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+
+TINY_MOE_MODELS = {
+    # Qwen3-MoE: 4 experts, top-2, renormalised top-k probabilities (as Qwen3-30B-A3B), q/k norm.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        vocab_size=103, num_experts=4, norm_topk_prob=True, tie_word_embeddings=False, **_MOE)),
+    # Qwen2-MoE: shared expert with a sigmoid gate, top-k probabilities NOT renormalised
+    # (as Qwen1.5-MoE), QKV bias.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        vocab_size=99, num_experts=4, norm_topk_prob=False, shared_expert_intermediate_size=48,
+        tie_word_embeddings=False, **_MOE)),
+    # Mixtral: 4 experts of intermediate_size, top-2, always renormalised; legacy w1/w2/w3 names.
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        vocab_size=107, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48,
+        tie_word_embeddings=False)),
+}
+
+
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> None:
     """Random weights, norms around 1, biases non-zero (deterministic for ``seed``)."""
     g = torch.Generator().manual_seed(seed)
@@ -54,7 +72,7 @@ def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> No
 def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shard_kb: int | None = 40,
                           dtype: torch.dtype = torch.float32, weight_scale: float = 0.15,
                           **overrides) -> Path:
-    """Save a tiny random ``kind`` model (see `TINY_MODELS`) with a tokenizer to ``out_dir``.
+    """Save a tiny random ``kind`` model (`TINY_MODELS`, `TINY_MOE_MODELS`) with a tokenizer to ``out_dir``.
 
     ``shard_kb`` splits the safetensors into shards of about that size (with an index);
     ``weight_scale`` is the std of the linear weights (larger: more peaked predictions);
@@ -64,7 +82,7 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
 
     from verl_mp.demo.tokenizer import save_tiny_tokenizer
 
-    config_cls, model_cls, extra = TINY_MODELS[kind]
+    config_cls, model_cls, extra = {**TINY_MODELS, **TINY_MOE_MODELS}[kind]
     config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
     config.architectures = [model_cls]
     torch.manual_seed(seed)

@@ -11,6 +11,12 @@ position 0, as in HF with its own position ids. Two model-input layouts:
   ``PackedSeqParams`` (needs the ``sdpa`` or ``te`` attention backend).
 
 Per-token tensors handed to the loss are always in the aligned ``[b, s]`` layout.
+
+Mixture-of-experts layers exchange tokens between ranks, so those ranks must run the same
+number of micro-batches (and, with megatron's allgather dispatcher, of the same shape):
+`pad_model_inputs` zero-pads a micro-batch's model inputs to a larger ``[rows, width]``
+(`MicroBatch.crop` cuts the model output back) and `dummy_like` makes a padding micro-batch
+whose output and loss the engine ignores.
 """
 
 from __future__ import annotations
@@ -76,6 +82,10 @@ class MicroBatch:
     """Next-token ids in the model-input layout (``[b, s]`` or ``[1, T]``); 0 where none."""
     tensors: dict = field(default_factory=dict)
     """The caller's batch tensors for these rows, per-token ones aligned to ``[b, s]``."""
+    model_shape: tuple[int, int] | None = None
+    """``(b, s)`` of the model inputs before `pad_model_inputs` (None: not padded)."""
+    dummy: bool = False
+    """A padding micro-batch (`dummy_like`): run for the collectives, results ignored."""
 
     @property
     def packed(self) -> bool:
@@ -98,6 +108,23 @@ class MicroBatch:
             values = out.masked_scatter(self.valid, values.reshape(-1)[: int(self.valid.sum())])
         return torch.where(keep, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
+    def crop(self, output: torch.Tensor) -> torch.Tensor:
+        """Model output ``[rows, width, ...]`` of padded inputs -> the unpadded ``[b, s, ...]``."""
+        if self.model_shape is None:
+            return output
+        b, s = self.model_shape
+        return output[:b, :s]
+
+    def model_token_mask(self) -> torch.Tensor:
+        """``[rows, width]`` bool in the model-input layout: True on real tokens."""
+        ids = self.model_inputs["input_ids"]
+        if self.packed:
+            total = int(self.lengths.sum())
+            return (torch.arange(ids.shape[1], device=ids.device) < total)[None, :]
+        keep = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        keep[: self.valid.shape[0], : self.valid.shape[1]] = self.valid.to(ids.device)
+        return keep
+
     def to(self, device: torch.device) -> MicroBatch:
         """Model inputs, targets, masks and tensors on ``device`` (row indices stay on CPU)."""
         inputs = dict(self.model_inputs)
@@ -108,7 +135,7 @@ class MicroBatch:
             params.cu_seqlens_q = params.cu_seqlens_kv = params.cu_seqlens_q.to(device)
         tensors = {k: v.to(device) for k, v in self.tensors.items()}
         return MicroBatch(self.rows, self.starts, self.lengths, self.valid.to(device), inputs,
-                          self.targets.to(device), tensors)
+                          self.targets.to(device), tensors, self.model_shape, self.dummy)
 
 
 def align_rows(x: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, width: int,
@@ -141,6 +168,46 @@ def build_micro_batch(input_ids: torch.Tensor, starts: torch.Tensor, lengths: to
         model_inputs = dict(input_ids=ids, position_ids=_positions(ids.shape), packed_seq_params=None)
     tensors = {k: _select(v, rows_t, st, valid, input_ids.shape) for k, v in (extra or {}).items()}
     return MicroBatch(rows_t, st, ln, valid, model_inputs, targets, tensors)
+
+
+def pad_model_inputs(mb: MicroBatch, rows: int, width: int) -> MicroBatch:
+    """A copy of ``mb`` whose model inputs are zero-padded to ``[rows, width]``.
+
+    Extra rows are separate sequences and extra columns come after every real token, so
+    causal attention keeps the real tokens' outputs unchanged. Packed micro-batches (one
+    row) get the extra tokens as one more THD sequence.
+    """
+    ids = mb.model_inputs["input_ids"]
+    b, s = ids.shape
+    if (rows, width) == (b, s):
+        return mb
+    if rows < b or width < s or (mb.packed and rows != 1):
+        raise ValueError(f"cannot pad a [{b}, {s}] micro-batch to [{rows}, {width}]")
+    pad = (0, width - s, 0, rows - b)
+    inputs = dict(input_ids=torch.nn.functional.pad(ids, pad), position_ids=_positions((rows, width)),
+                  packed_seq_params=mb.model_inputs["packed_seq_params"])
+    if mb.packed:
+        inputs["packed_seq_params"] = _extend_packed(inputs["packed_seq_params"], width)
+    # targets stay in the unpadded layout: they meet the output after `crop`.
+    return MicroBatch(mb.rows, mb.starts, mb.lengths, mb.valid, inputs, mb.targets, mb.tensors,
+                      mb.model_shape or (b, s), mb.dummy)
+
+
+def _extend_packed(params, width: int):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cu = params.cu_seqlens_q
+    if int(cu[-1]) < width:
+        cu = torch.cat([cu, cu.new_tensor([width])])
+    longest = int((cu[1:] - cu[:-1]).max())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+def dummy_like(mb: MicroBatch) -> MicroBatch:
+    """A padding micro-batch with ``mb``'s inputs (see the module doc)."""
+    return MicroBatch(mb.rows, mb.starts, mb.lengths, mb.valid, mb.model_inputs, mb.targets, mb.tensors,
+                      mb.model_shape, dummy=True)
 
 
 def _positions(shape) -> torch.Tensor:

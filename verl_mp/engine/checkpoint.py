@@ -1,7 +1,9 @@
 """megatron distributed checkpoints of an engine (layout-independent).
 
-A checkpoint saved at one (TP, PP) loads at any other: every tensor is stored with its
-global shape and each rank reads only its own slice. `save_model`/`load_model` handle the
+A checkpoint saved at one (TP, PP, EP, expert-TP) loads at any other: every tensor is stored
+with its global shape (routed experts by their global index) and each rank reads only its
+own slice. Exception: optimizer state does not move between EP = 1 and EP > 1
+(`_check_optimizer_layout`); the model alone does. `save_model`/`load_model` handle the
 model alone; `save_training_state`/`load_training_state` add the DistributedOptimizer
 state (megatron's ``fully_reshardable`` format: per-parameter fp32 main weights and Adam
 moments in model space, so it too loads at any TP/PP/DP), the LR scheduler and the
@@ -107,7 +109,7 @@ def _full_state(chunks, optimizer, scheduler, is_loading: bool) -> dict:
 
 def _layout(state: ParallelState) -> dict:
     return dict(world_size=dist.get_world_size(), tp=state.tp_size, pp=state.pp_size, dp=state.dp_size,
-                vpp=state.vpp_size)
+                vpp=state.vpp_size, ep=state.ep_size, etp=state.etp_size)
 
 
 def save_training_state(chunks, optimizer, scheduler, state: ParallelState, directory: str,
@@ -155,6 +157,8 @@ def load_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
 
     meta = read_meta(directory)
     dcp_safe_metadata.install()
+    if optimizer is not None:
+        _check_optimizer_layout(directory, meta.get("layout") or {}, state)
     with megatron_scope():
         loaded = dist_checkpointing.load(_full_state(chunks, optimizer, scheduler, is_loading=True), directory)
         for i, chunk in enumerate(chunks):
@@ -167,6 +171,20 @@ def load_training_state(chunks, optimizer, scheduler, state: ParallelState, dire
     return {k: v for k, v in meta.items() if k != "layout"}
 
 
+def _check_optimizer_layout(directory: str, saved: dict, state: ParallelState) -> None:
+    """megatron keeps routed experts in an optimizer of their own only at EP > 1 (a chained
+    optimizer with other checkpoint keys), so optimizer state moves between EP > 1 layouts
+    but not between EP = 1 and EP > 1."""
+    saved_ep = saved.get("ep", 1)
+    if (saved_ep > 1) != (state.ep_size > 1):
+        raise ValueError(
+            f"{directory} was saved at expert_model_parallel_size={saved_ep}; its optimizer state cannot "
+            f"load at expert_model_parallel_size={state.ep_size} (megatron-core keeps experts in a separate "
+            f"optimizer only when EP > 1): resume with EP {'> 1' if saved_ep > 1 else '= 1'}, or export the "
+            f"weights (verl-mp convert megatron-to-hf) and start a new optimizer"
+        )
+
+
 def _load_optimizer(optimizer, state_dict: dict) -> None:
     """``optimizer.load_state_dict`` with a workaround for megatron-core 0.16 + torch Adam.
 
@@ -176,19 +194,23 @@ def _load_optimizer(optimizer, state_dict: dict) -> None:
     parameter state is loaded in a second call with ``step`` removed for its duration.
     ``load_state_dict`` also gives every parameter the *same* ``step`` tensor, which torch
     Adam then increments once per parameter per step; each parameter gets its own copy.
+    A mixture-of-experts model at EP > 1 has a chained optimizer (dense and expert
+    parameters, ``state_dict`` keyed by their index); each link is handled the same way.
     Remove when megatron-core skips ``step`` in ``_set_main_param_and_optimizer_states``
     and clones it per parameter.
     """
     opts = getattr(optimizer, "chained_optimizers", [optimizer])
-    param_state = state_dict.pop("param_state", None) if len(opts) == 1 else None
+    links = [state_dict] if len(opts) == 1 else [state_dict[k] for k in sorted(state_dict)]
+    param_states = [link.pop("param_state", None) for link in links]
     optimizer.load_state_dict(state_dict)
-    if param_state is None:
-        return
-    inner = opts[0].optimizer.state
-    steps = {p: st.pop("step") for p, st in inner.items() if "step" in st}
-    opts[0].load_parameter_state_from_fully_reshardable(param_state)
-    for p, step in steps.items():
-        inner[p]["step"] = step.detach().clone()
+    for opt, param_state in zip(opts, param_states, strict=True):
+        if param_state is None:
+            continue
+        inner = opt.optimizer.state
+        steps = {p: st.pop("step") for p, st in inner.items() if "step" in st}
+        opt.load_parameter_state_from_fully_reshardable(param_state)
+        for p, step in steps.items():
+            inner[p]["step"] = step.detach().clone()
 
 
 def _rng_state() -> dict:

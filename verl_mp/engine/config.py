@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from verl_mp.config.moe import MoEConfig
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.utils.dtypes import TRAIN_DTYPES, check_dtype
@@ -22,6 +23,8 @@ class EngineConfig:
     """Parameter/compute dtype: ``fp32`` or ``bf16`` (bf16 keeps fp32 main weights and Adam state)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Router losses and token dispatch of a mixture-of-experts model (ignored when dense)."""
     total_training_steps: int = 1
     """Optimizer steps of the whole run (the LR schedule's horizon when optim.lr_decay_steps is None)."""
     micro_batch_size: int | None = 1

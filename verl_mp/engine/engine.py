@@ -26,6 +26,7 @@ import torch.distributed as dist
 from verl_mp.engine import batching, checkpoint, hf_weights, model, offload, schedule
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.logprobs import vocab_parallel_log_probs
+from verl_mp.engine.moe import MoERuntime
 from verl_mp.engine.optimizer import build_optimizer
 from verl_mp.engine.runtime import ensure_parallel, local_device
 from verl_mp.models.hf_checkpoint import open_hf_checkpoint
@@ -51,14 +52,17 @@ class MegatronEngine:
         # Validates config and safetensors headers before anything is built.
         self.hf = open_hf_checkpoint(config.model_path, value_head=config.role == "critic", config_only=True)
         self.spec = self.hf.spec
-        self.state = ensure_parallel(config.parallel, self.spec.shape, seed=config.seed)
+        if self.spec.moe is not None and self.spec.value_head:
+            raise ValueError("engine.role='critic' is not supported for mixture-of-experts models yet")
+        self.state = ensure_parallel(config.parallel, self.spec.shape, seed=config.seed, trainable=config.trainable)
         self.backend = resolve_backend(config.attention_backend)
         if config.remove_padding and self.backend == "local":
             raise ValueError("engine.remove_padding=True needs attention_backend 'sdpa' or 'te'")
         self.tf_config = model.transformer_config(
-            self.spec, config.parallel, config.dtype,
+            self.spec, config.parallel, config.dtype, moe=config.moe,
             **model.recompute_settings(config.recompute, config.recompute_modules, config.recompute_num_layers))
         chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend)
+        self.moe = MoERuntime(self.spec, config.moe, self.tf_config, chunks, self.state) if self.spec.moe else None
         self.optimizer = self.scheduler = None
         if config.trainable:
             chunks = model.wrap_ddp(chunks, self.tf_config, config.optim.use_distributed_optimizer)
@@ -116,6 +120,7 @@ class MegatronEngine:
     def _heads(self, output: torch.Tensor, mb: batching.MicroBatch, temperature: float,
                with_entropy: bool) -> dict:
         """Model output of one micro-batch -> aligned ``[b, s]`` per-token tensors."""
+        output = mb.crop(output)
         if self.spec.value_head:
             return {"values": mb.unpack(output.squeeze(-1).float())}
         log_probs, entropy = vocab_parallel_log_probs(
@@ -131,6 +136,8 @@ class MegatronEngine:
         mbs = self._micro_batches({"input_ids": input_ids, "attention_mask": attention_mask})
 
         def collect(output, batch):
+            if batch["_mb"].dummy:
+                return output.new_zeros(()), {}
             heads = self._heads(output, batch["_mb"], temperature, "entropy" in keys)
             return output.new_zeros(()), heads
 
@@ -138,7 +145,8 @@ class MegatronEngine:
             chunk.eval()
         with torch.no_grad():
             results = schedule.forward_backward(self.chunks, [m.model_inputs | {"_mb": m} for m in mbs],
-                                                collect, forward_only=True)
+                                                collect, forward_only=True,
+                                                on_forward=self.moe.on_forward if self.moe else None)
         return {k: self._gather(mbs, results, k, input_ids.shape) for k in keys}
 
     # ----------------------------------------------------------------- training
@@ -164,12 +172,20 @@ class MegatronEngine:
 
         def wrapped(output, mb_dict):
             mb = mb_dict["_mb"]
+            if mb.dummy:  # runs only for the MoE layers' collectives; adds nothing
+                return output.sum() * 0.0, {}
             return loss_fn(self._heads(output, mb, temperature, with_entropy), mb.tensors)
 
         for chunk in self.chunks:
             chunk.train()
-        return schedule.train_step(self.chunks, self.optimizer, self.scheduler,
-                                   [m.model_inputs | {"_mb": m} for m in mbs], wrapped, self.state)
+        if self.moe is not None:
+            self.moe.start_step(batch["attention_mask"])
+        metrics = schedule.train_step(self.chunks, self.optimizer, self.scheduler,
+                                      [m.model_inputs | {"_mb": m} for m in mbs], wrapped, self.state,
+                                      on_forward=self.moe.on_forward if self.moe else None)
+        if self.moe is not None:
+            metrics.update(self.moe.end_step())
+        return metrics
 
     # ----------------------------------------------------------------- batching
     def _dp_rows(self, batch_size: int) -> torch.Tensor:
@@ -191,9 +207,12 @@ class MegatronEngine:
         groups = batching.plan_micro_batches(lengths.tolist(), micro_batch_size=cfg.micro_batch_size,
                                              max_tokens=cfg.max_tokens_per_micro_batch, packed=cfg.remove_padding)
         pad_to = self.state.tp_size if cfg.parallel.sequence_parallel else 1
+        mbs = [batching.build_micro_batch(local["input_ids"], starts, lengths, g, packed=cfg.remove_padding,
+                                          pad_to=pad_to, extra=local) for g in groups]
+        if self.moe is not None:
+            mbs = self.moe.align(mbs)
         device = local_device()
-        return [batching.build_micro_batch(local["input_ids"], starts, lengths, g, packed=cfg.remove_padding,
-                                           pad_to=pad_to, extra=local).to(device) for g in groups]
+        return [mb.to(device) for mb in mbs]
 
     def _gather(self, mbs, results, key: str, shape) -> torch.Tensor:
         """Per-micro-batch outputs of the last stage -> ``[B, S]`` on every rank."""
@@ -203,7 +222,8 @@ class MegatronEngine:
         local = torch.zeros(len(rows), shape[1], dtype=torch.float32)
         if self.state.is_last_stage:
             for mb, res in zip(mbs, results, strict=True):
-                batching.scatter_rows(local, mb, res[key])
+                if not mb.dummy:
+                    batching.scatter_rows(local, mb, res[key])
         local = local.to(local_device())
         full = torch.zeros(tuple(shape), dtype=torch.float32, device=local.device)
         if self.state.is_last_stage:

@@ -1,11 +1,14 @@
 """HF safetensors <-> this rank's megatron shards.
 
-Loading: every rank reads only the HF slices of its own TP/PP shard (`tp_shard_plan`).
-Export: parameters are TP-gathered one at a time inside each pipeline stage; TP rank 0 of
-DP rank 0 of every stage writes its stage's tensors into its own safetensors shard
-files (at most ``max_shard_bytes`` each, so no rank ever holds more than one stage
-plus one shard); global rank 0 then names the shards ``model-0000i-of-0000n``, writes the
-index, the config and the tokenizer files. ``out_dir`` must be visible to all ranks.
+Loading: every rank reads only the HF slices of its own TP/PP shard (`tp_shard_plan`);
+for a mixture-of-experts model only its own experts' tensors, sliced for its expert-TP rank.
+Export: parameters are TP-gathered one at a time inside each pipeline stage (routed
+experts over their expert-TP group); TP rank 0 of DP rank 0 of every stage writes its
+stage's tensors, and expert-TP rank 0 of expert-DP rank 0 of every expert-parallel rank
+writes its experts, each writer into its own safetensors shard files (at most
+``max_shard_bytes`` each, so no rank ever holds more than its shard of the model plus one
+file); global rank 0 then names the files ``model-0000i-of-0000n``, writes the index, the
+config and the tokenizer files. ``out_dir`` must be visible to all ranks.
 
 Crash safety: everything is written into ``.<name>.staging`` next to ``out_dir`` (each writer
 fsyncs its shards) and published in one step (`verl_mp.utils.fs.publish_dir`): ``out_dir`` is
@@ -40,11 +43,17 @@ DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5")
 
 
+def _tp_coords(info: ParamInfo, state: ParallelState) -> tuple[int, int]:
+    """(rank, size) of the group ``info`` is split over: expert-TP for routed experts, else TP."""
+    if info.tp_dim is None:
+        return 0, 1
+    return (state.etp_rank, state.etp_size) if info.expert else (state.tp_rank, state.tp_size)
+
+
 def read_local_shard(spec: GPTSpec, info: ParamInfo, state: ParallelState,
                      reader: SliceReader) -> torch.Tensor | None:
     """This rank's shard of one parameter, read from HF slices; None if absent (value head)."""
-    split = info.tp_dim is not None
-    plan = tp_shard_plan(spec, info.global_name, state.tp_rank if split else 0, state.tp_size if split else 1)
+    plan = tp_shard_plan(spec, info.global_name, *_tp_coords(info, state))
     if any(r.hf_name not in reader.ckpt.weight_map for r in plan.reads):
         return None
     slices = {r.hf_name: reader.read(r) for r in plan.reads}
@@ -76,16 +85,26 @@ def _gather_full(info: ParamInfo, state: ParallelState) -> torch.Tensor:
     shard = info.param.detach()
     if info.tp_dim is None:
         return shard
-    shards = [torch.empty_like(shard) for _ in range(state.tp_size)]
-    dist.all_gather(shards, shard.contiguous(), group=state.tp_group)
+    _, size = _tp_coords(info, state)
+    shards = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(shards, shard.contiguous(), group=state.etp_group if info.expert else state.tp_group)
     return info.merge_tp_shards(shards)
 
 
-class _ShardWriter:
-    """Accumulates HF tensors and writes ``_stage{pp}-{k}.safetensors`` files of bounded size."""
+def _exports(info: ParamInfo, state: ParallelState) -> tuple[bool, bool]:
+    """(gathers, writes): the one replica of ``info`` that exports it (DP rank 0; for routed
+    experts expert-DP rank 0, one per expert-parallel rank) gathers it over its TP group,
+    and that group's rank 0 writes it."""
+    if info.expert:
+        return state.edp_rank == 0, state.edp_rank == 0 and state.etp_rank == 0
+    return state.dp_rank == 0, state.dp_rank == 0 and state.tp_rank == 0
 
-    def __init__(self, out_dir: Path, stage: int, max_bytes: int):
-        self.out_dir, self.stage, self.max_bytes = out_dir, stage, max_bytes
+
+class _ShardWriter:
+    """Accumulates HF tensors and writes ``_rank{r}-{k}.safetensors`` files of bounded size."""
+
+    def __init__(self, out_dir: Path, rank: int, max_bytes: int):
+        self.out_dir, self.rank, self.max_bytes = out_dir, rank, max_bytes
         self.pending: dict[str, torch.Tensor] = {}
         self.files: list[tuple[str, list[str], int]] = []
 
@@ -100,7 +119,7 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self.pending:
             return
-        file = f"_stage{self.stage:03d}-{len(self.files):05d}.safetensors"
+        file = f"_rank{self.rank:05d}-{len(self.files):05d}.safetensors"
         save_file(self.pending, str(self.out_dir / file), metadata={"format": "pt"})
         fsync_path(str(self.out_dir / file))  # by its writer: another node's fsync may not flush it
         self.files.append((file, list(self.pending), self._bytes()))
@@ -121,17 +140,18 @@ def export_hf_weights(chunks: list, spec: GPTSpec, state: ParallelState, out_dir
     if dist.get_rank() == 0:
         prepare_staging(out_dir)
     dist.barrier()
-    writer = _ShardWriter(staging, state.pp_rank, max_shard_bytes)
-    is_writer = state.tp_rank == 0 and state.dp_rank == 0
-    if state.dp_rank == 0:
-        for info in megatron_param_layout(chunks, state):
-            full = _gather_full(info, state)
-            if is_writer:
-                for name, tensor in megatron_to_hf(spec, info.global_name, full):
-                    writer.add(name, tensor.detach().to(dtype=dtype, device="cpu", copy=True))
-        writer.flush()
+    writer = _ShardWriter(staging, dist.get_rank(), max_shard_bytes)
+    for info in megatron_param_layout(chunks, state):
+        gathers, writes = _exports(info, state)
+        if not gathers:
+            continue
+        full = _gather_full(info, state)
+        if writes:
+            for name, tensor in megatron_to_hf(spec, info.global_name, full):
+                writer.add(name, tensor.detach().to(dtype=dtype, device="cpu", copy=True))
+    writer.flush()
     everything = [None] * dist.get_world_size()
-    dist.all_gather_object(everything, writer.files if is_writer else [])
+    dist.all_gather_object(everything, writer.files)
     if dist.get_rank() == 0:
         files = [f for per_rank in everything for f in per_rank]
         publish_export(out_dir, sorted(files), spec, dtype, source_dir)

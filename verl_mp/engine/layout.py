@@ -15,6 +15,10 @@ concatenation ``[gate_0; up_0; gate_1; up_1; ...]`` is reordered to ``[gate; up]
 `merge_tp_shards`. Fused QKV needs no reordering: each rank holds whole query groups, and
 groups are interleaved the same way on every rank. Vocabulary rows stay padded to a TP
 multiple; `megatron_to_hf` drops the padding.
+
+Mixture-of-experts: a routed expert's parameters (``ParamInfo.expert``) are split over the
+*expert*-TP group (`ParallelState.etp_group`), not the TP group; megatron's local expert
+``k`` on expert-parallel rank ``r`` gets the global name ``mlp.experts.{r * E_local + k}``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ _TE_CANONICAL = {
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
 }
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_LOCAL_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class ParamInfo:
     tp_layout: str
     """``contiguous`` (concatenate shards along tp_dim) or ``gate_up`` (fused fc1)."""
     param: torch.nn.Parameter
+    expert: bool = False
+    """A routed expert's parameter: split over expert-TP, held by one expert-parallel rank."""
 
     def merge_tp_shards(self, shards: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
         """TP shards (in TP-rank order) -> the full TP=1 tensor (vocabulary still padded),
@@ -90,11 +97,16 @@ def global_layer_names(model) -> dict[int, int]:
     return {i: layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
 
 
-def canonical_name(local_name: str, layer_map: dict[int, int]) -> str:
+def canonical_name(local_name: str, layer_map: dict[int, int], expert_offset: int = 0) -> str:
+    """Local name -> global name: global layer index, TE norm names mapped back, local expert
+    ``k`` -> global expert ``expert_offset + k``."""
     m = _LAYER.match(local_name)
     if not m:
         return local_name
     rest = _TE_CANONICAL.get(m.group(2), m.group(2))
+    e = _LOCAL_EXPERT.match(rest)
+    if e:
+        rest = f"mlp.experts.{expert_offset + int(e.group(1))}.{e.group(2)}"
     return f"decoder.layers.{layer_map[int(m.group(1))]}.{rest}"
 
 
@@ -108,10 +120,16 @@ def megatron_param_layout(chunks: list, state: ParallelState) -> list[ParamInfo]
     for index, chunk in enumerate(chunks):
         model = unwrap(chunk)
         layer_map = global_layer_names(model)
+        num_experts = getattr(model.config, "num_moe_experts", None) or 0
+        expert_offset = state.ep_rank * (num_experts // state.ep_size)
         for local_name, param in model.named_parameters():
-            split = getattr(param, "tensor_model_parallel", False) and state.tp_size > 1
+            # Routed experts (not the shared expert) live under mlp.experts; megatron's
+            # allreduce=False marks them only when EP > 1, so the name decides.
+            expert = ".mlp.experts." in local_name
+            size = state.etp_size if expert else state.tp_size
+            split = getattr(param, "tensor_model_parallel", False) and size > 1
             tp_dim = param.partition_dim if split else None
-            name = canonical_name(local_name, layer_map)
-            layout = "gate_up" if tp_dim is not None and name.endswith("mlp.linear_fc1.weight") else "contiguous"
-            infos.append(ParamInfo(index, local_name, name, tp_dim, layout, param))
+            name = canonical_name(local_name, layer_map, expert_offset)
+            layout = "gate_up" if tp_dim is not None and name.endswith("linear_fc1.weight") else "contiguous"
+            infos.append(ParamInfo(index, local_name, name, tp_dim, layout, param, expert))
     return infos

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from verl_mp.config.moe import MoEConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.engine.moe import moe_config_kwargs, resolve_dispatcher
 from verl_mp.engine.runtime import ParallelState, has_cuda, megatron_scope
 from verl_mp.engine.value_head import ValueHead
 from verl_mp.models.layer_spec import decoder_block_spec
@@ -23,8 +25,10 @@ def recompute_settings(mode: str, modules: list[str] = ("mlp",), num_layers: int
     return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=num_layers)
 
 
-def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp32", **overrides):
-    """The megatron TransformerConfig for ``spec`` under ``parallel``.
+def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp32", *,
+                       moe: MoEConfig | None = None, **overrides):
+    """The megatron TransformerConfig for ``spec`` under ``parallel`` (``moe``: router settings
+    of a mixture-of-experts model, defaults when None).
 
     Fusions that need apex/transformer-engine kernels are off; the model math is the
     same as with them (they fuse, they do not approximate).
@@ -32,6 +36,11 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
     from megatron.core.transformer import TransformerConfig
 
     torch_dtype = TORCH_DTYPES[dtype]
+    moe = moe or MoEConfig()
+    moe_kwargs = moe_config_kwargs(spec, moe, resolve_dispatcher(moe.token_dispatcher)) if spec.moe else {}
+    # megatron's allgather dispatcher refuses variable_seq_lengths: the engine then pads all
+    # micro-batches to one shape (MegatronEngine._micro_batches).
+    variable = parallel.pipeline_model_parallel_size > 1 and moe_kwargs.get("moe_token_dispatcher_type") != "allgather"
     kwargs = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -51,10 +60,12 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         tensor_model_parallel_size=parallel.tensor_model_parallel_size,
         pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+        expert_model_parallel_size=parallel.expert_model_parallel_size,
+        expert_tensor_parallel_size=parallel.expert_tp_size,
         sequence_parallel=parallel.sequence_parallel,
         # Micro-batches may differ in shape (token-budget batching, packed sequences):
         # pipeline stages exchange shapes before activations.
-        variable_seq_lengths=parallel.pipeline_model_parallel_size > 1,
+        variable_seq_lengths=variable,
         # Unused by dense models, but megatron 0.16 rejects variable_seq_lengths with the
         # default "allgather" MoE dispatcher even when there are no experts.
         moe_token_dispatcher_type="alltoall",
@@ -74,6 +85,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         # so micro-batch and data-parallel contributions must be summed, not averaged.
         calculate_per_token_loss=True,
     )
+    kwargs.update(moe_kwargs)
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -89,6 +101,10 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
     from megatron.core import parallel_state as mps
     from megatron.core.models.gpt import GPTModel
 
+    if spec.moe is not None:
+        from verl_mp.patches import megatron_moe
+
+        megatron_moe.install()
     chunks = []
     with megatron_scope():
         for vp_stage in range(state.vpp_size or 1):

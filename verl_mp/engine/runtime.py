@@ -66,7 +66,11 @@ def init_distributed(timeout_minutes: int = 30) -> None:
 
 @dataclass(frozen=True)
 class ParallelState:
-    """Named parallel axes of this rank (tp, pp, dp) and their sizes."""
+    """Named parallel axes of this rank (tp, pp, dp; for MoE layers ep, etp, edp) and their sizes.
+
+    Routed experts use their own grid over the same ranks: expert-TP (``etp``) x expert
+    parallel (``ep``) x expert data parallel (``edp``) x PP; everything else uses TP x DP x PP.
+    """
 
     tp_rank: int
     tp_size: int
@@ -75,6 +79,12 @@ class ParallelState:
     dp_rank: int
     dp_size: int
     vpp_size: int | None = None
+    ep_rank: int = 0
+    ep_size: int = 1
+    etp_rank: int = 0
+    etp_size: int = 1
+    edp_rank: int = 0
+    edp_size: int = 1
 
     @property
     def is_first_stage(self) -> bool:
@@ -107,6 +117,13 @@ class ParallelState:
 
         return mps.get_data_parallel_group()
 
+    @property
+    def etp_group(self):
+        """The expert-TP group (routed experts' linears are split over it)."""
+        from megatron.core import parallel_state as mps
+
+        return mps.get_expert_tensor_parallel_group()
+
 
 def initialize_parallel(parallel: ParallelConfig, seed: int = 1234) -> ParallelState:
     """Start torch.distributed (if needed) and megatron's model-parallel groups."""
@@ -122,6 +139,8 @@ def initialize_parallel(parallel: ParallelConfig, seed: int = 1234) -> ParallelS
             tensor_model_parallel_size=parallel.tensor_model_parallel_size,
             pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=parallel.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=parallel.expert_model_parallel_size,
+            expert_tensor_parallel_size=parallel.expert_tp_size,
         )
         # Seeds the tracker that decides per-TP-rank dropout/initialisation streams.
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
@@ -140,10 +159,17 @@ def current_parallel_state(vpp_size: int | None = None) -> ParallelState:
         dp_rank=mps.get_data_parallel_rank(),
         dp_size=mps.get_data_parallel_world_size(),
         vpp_size=vpp_size,
+        ep_rank=mps.get_expert_model_parallel_rank(),
+        ep_size=mps.get_expert_model_parallel_world_size(),
+        etp_rank=mps.get_expert_tensor_parallel_rank(),
+        etp_size=mps.get_expert_tensor_parallel_world_size(),
+        edp_rank=mps.get_expert_data_parallel_rank(),
+        edp_size=mps.get_expert_data_parallel_world_size(),
     )
 
 
-def ensure_parallel(parallel: ParallelConfig, shape=None, seed: int = 1234) -> ParallelState:
+def ensure_parallel(parallel: ParallelConfig, shape=None, seed: int = 1234, *,
+                    trainable: bool = True) -> ParallelState:
     """Check the layout against the model shape, then reuse or start megatron's groups.
 
     Several engines in one process (actor + reference) share megatron's global parallel
@@ -153,16 +179,17 @@ def ensure_parallel(parallel: ParallelConfig, shape=None, seed: int = 1234) -> P
     from megatron.core import parallel_state as mps
 
     init_distributed()
-    validate_layout(parallel, dist.get_world_size(), shape, prefix="engine.parallel.")
+    validate_layout(parallel, dist.get_world_size(), shape, prefix="engine.parallel.", trainable=trainable)
     if not mps.model_parallel_is_initialized():
         return initialize_parallel(parallel, seed=seed)
     state = current_parallel_state(parallel.virtual_pipeline_model_parallel_size)
-    if (state.tp_size, state.pp_size) != (parallel.tensor_model_parallel_size,
-                                          parallel.pipeline_model_parallel_size):
+    have = (state.tp_size, state.pp_size, state.ep_size, state.etp_size)
+    want = (parallel.tensor_model_parallel_size, parallel.pipeline_model_parallel_size,
+            parallel.expert_model_parallel_size, parallel.expert_tp_size)
+    if have != want:
         raise ValueError(
-            f"megatron is already initialised with TP={state.tp_size}, PP={state.pp_size}; engines in "
-            f"one process must share the layout (got TP={parallel.tensor_model_parallel_size}, "
-            f"PP={parallel.pipeline_model_parallel_size})"
+            f"megatron is already initialised with (TP, PP, EP, expert-TP)={have}; engines in one "
+            f"process must share the layout (got {want})"
         )
     return state
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from verl_mp.engine.runtime import ParallelState, local_device, megatron_scope
 
 LossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+OnForward = Callable[[dict, torch.nn.Module], dict]
 
 
 def finalize_grads_summed(model, num_tokens=None, **kwargs):
@@ -33,14 +34,15 @@ def finalize_grads_summed(model, num_tokens=None, **kwargs):
     return finalize_model_grads(model, num_tokens=None, **kwargs)
 
 
-def _forward_step(loss_fn: LossFn | None, data_iterator, model):
+def _forward_step(loss_fn: LossFn | None, on_forward, data_iterator, model):
     batch = next(data_iterator)
+    extra = on_forward(batch, model) if on_forward is not None else {}
     input_ids = batch["input_ids"]
     position_ids = batch.get("position_ids")
     if position_ids is None:
         position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
     # packed_seq_params (THD, padding removed) is set by verl_mp.engine.batching when packing.
-    output = model(input_ids, position_ids, None, packed_seq_params=batch.get("packed_seq_params"))
+    output = model(input_ids, position_ids, None, packed_seq_params=batch.get("packed_seq_params"), **extra)
     if loss_fn is None:
         return output, _collect_output
     return output, partial(_loss_wrapper, loss_fn, batch)
@@ -64,8 +66,13 @@ def forward_backward(
     loss_fn: LossFn | None,
     *,
     forward_only: bool,
+    on_forward: OnForward | None = None,
 ) -> list[dict]:
     """Run all micro-batches through the pipeline; return per-micro-batch dicts (last stage).
+
+    ``on_forward(micro_batch, model_chunk) -> dict`` runs on every stage right before each
+    micro-batch's forward and returns extra keyword arguments for the model (the engine sets
+    per-micro-batch router state and the MoE padding mask there).
 
     With PP > 1 and ``config.variable_seq_lengths`` off, every micro-batch must have the
     same ``input_ids`` shape ``[b, s]`` (stages then exchange activations of that fixed
@@ -84,7 +91,7 @@ def forward_backward(
     iterators = [iter(micro_batches) for _ in chunks]
     with megatron_scope():
         return get_forward_backward_func()(
-            forward_step_func=partial(_forward_step, loss_fn),
+            forward_step_func=partial(_forward_step, loss_fn, on_forward),
             data_iterator=iterators if len(chunks) > 1 else iterators[0],
             model=chunks if len(chunks) > 1 else chunks[0],
             num_microbatches=len(micro_batches),
@@ -98,11 +105,13 @@ def reduce_metrics(per_micro_batch: list[dict], state: ParallelState) -> dict[st
     """Reduce loss-function metrics over micro-batches, DP ranks, and the PP group."""
     from megatron.core import parallel_state as mps
 
-    keys = sorted(per_micro_batch[0]) if per_micro_batch else []
+    # Padding micro-batches of MoE engines report no metrics: keys are the union, and a key
+    # sums/reduces over the micro-batches that have it.
+    keys = sorted({k for mb in per_micro_batch for k in mb})
     names = _broadcast_names(keys, state)
     values = {}
     for name in names:
-        vals = [mb[name].float().reshape(()) for mb in per_micro_batch]
+        vals = [mb[name].float().reshape(()) for mb in per_micro_batch if name in mb]
         op, local = _reduce_op(name, vals)
         # On the rank's device: NCCL cannot reduce CPU tensors.
         t = torch.tensor([local], dtype=torch.float64, device=local_device())
@@ -131,12 +140,13 @@ def _broadcast_names(keys: list[str], state: ParallelState) -> list[str]:
     return holder[0]
 
 
-def train_step(chunks, optimizer, scheduler, micro_batches, loss_fn: LossFn, state: ParallelState) -> dict:
+def train_step(chunks, optimizer, scheduler, micro_batches, loss_fn: LossFn, state: ParallelState,
+               on_forward: OnForward | None = None) -> dict:
     """One optimizer step over ``micro_batches``; returns reduced metrics incl. grad_norm, lr."""
     for chunk in chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    outputs = forward_backward(chunks, micro_batches, loss_fn, forward_only=False)
+    outputs = forward_backward(chunks, micro_batches, loss_fn, forward_only=False, on_forward=on_forward)
     with megatron_scope():
         update_ok, grad_norm, _ = optimizer.step()
     if update_ok:

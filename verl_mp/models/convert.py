@@ -30,18 +30,24 @@ EMBEDDING = "embedding.word_embeddings.weight"
 
 @lru_cache(maxsize=64)
 def _pattern(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(\d+)") + "$")
+    escaped = re.escape(template)
+    for key in ("i", "e"):
+        escaped = escaped.replace(r"\{" + key + r"\}", f"(?P<{key}>\\d+)")
+    return re.compile("^" + escaped + "$")
 
 
-def match_rule(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, int | None]:
-    """The rule for a global megatron name and its layer index (None outside layers)."""
+def match_rule(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, dict[str, int]]:
+    """The rule for a global megatron name and its indices (``i``: layer, ``e``: expert; empty
+    outside layers)."""
     for rule in rules_for(spec):
         m = _pattern(rule.megatron).match(megatron_name)
         if m:
-            layer = int(m.group(1)) if m.groups() else None
-            if layer is not None and not 0 <= layer < spec.num_layers:
+            indices = {k: int(v) for k, v in m.groupdict().items()}
+            if not 0 <= indices.get("i", 0) < spec.num_layers:
                 break
-            return rule, layer
+            if "e" in indices and not (spec.moe and indices["e"] < spec.moe.num_experts):
+                break
+            return rule, indices
     raise KeyError(f"no HF mapping for megatron parameter {megatron_name!r} ({spec.architecture})")
 
 
@@ -50,14 +56,14 @@ def is_tied_copy(spec: GPTSpec, megatron_name: str) -> bool:
     return spec.tie_word_embeddings and not spec.value_head and megatron_name == TIED_OUTPUT
 
 
-def _source(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, int | None]:
+def _source(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, dict[str, int]]:
     return match_rule(spec, EMBEDDING if is_tied_copy(spec, megatron_name) else megatron_name)
 
 
 def hf_names(spec: GPTSpec, megatron_name: str) -> tuple[str, ...]:
     """HF tensors that make up one megatron parameter (the embedding for a tied head)."""
-    rule, layer = _source(spec, megatron_name)
-    return tuple(n.format(i=layer) for n in rule.hf)
+    rule, indices = _source(spec, megatron_name)
+    return tuple(n.format(**indices) for n in rule.hf)
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: GPTSpec) -> torch.Tensor:
@@ -122,7 +128,8 @@ def megatron_global_names(spec: GPTSpec) -> list[str]:
         if rule.megatron == TIED_OUTPUT and spec.tie_word_embeddings and not spec.value_head:
             continue
         layers = range(spec.num_layers) if "{i}" in rule.megatron else [None]
-        names += [rule.megatron.format(i=i) for i in layers]
+        experts = range(spec.moe.num_experts) if "{e}" in rule.megatron else [None]
+        names += [rule.megatron.format(i=i, e=e) for i in layers for e in experts]
     return names
 
 
@@ -139,9 +146,27 @@ def hf_shape(spec: GPTSpec, hf_name: str) -> tuple[int, ...]:
         "down_proj.weight": (h, f), "score.weight": (1, h), "score.bias": (1,),
     }
     key = ".".join(hf_name.split(".")[-2:])
+    if spec.moe is not None:
+        by_suffix.update(_moe_shapes(spec, hf_name))
     if key not in by_suffix:
         raise KeyError(f"no shape rule for HF tensor {hf_name!r}")
     return by_suffix[key]
+
+
+def _moe_shapes(spec: GPTSpec, hf_name: str) -> dict[str, tuple[int, ...]]:
+    """Shapes of MoE tensors by name suffix; expert/shared-expert projections by their own size."""
+    h, moe = spec.hidden_size, spec.moe
+    shapes = {"gate.weight": (moe.num_experts, h), "shared_expert_gate.weight": (1, h)}
+    if ".experts." in hf_name:
+        f = moe.ffn_hidden_size
+    elif ".shared_expert." in hf_name:
+        f = moe.shared_expert_ffn_hidden_size
+    else:
+        return shapes
+    for up in ("gate_proj.weight", "up_proj.weight", "w1.weight", "w3.weight"):
+        shapes[up] = (f, h)
+    shapes["down_proj.weight"] = shapes["w2.weight"] = (h, f)
+    return shapes
 
 
 def expected_hf_shapes(spec: GPTSpec) -> dict[str, tuple[int, ...]]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_mp.models.registry import Architecture, get_architecture
-from verl_mp.models.spec import GPTSpec
+from verl_mp.models.spec import GPTSpec, MoESpec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -54,8 +54,45 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
         architecture=arch.name,
         sliding_window=_sliding_window(d, arch, source),
         value_head=arch.value_head,
+        moe=_moe_spec(d, arch, source),
         **rope,
     )
+
+
+def _num_experts(d: dict, source: str) -> int:
+    """``num_experts`` (Qwen hub configs) or ``num_local_experts`` (Mixtral; transformers 5 saves
+    Qwen3-MoE with it too)."""
+    values = {d[k] for k in ("num_experts", "num_local_experts") if d.get(k) is not None}
+    if len(values) != 1:
+        raise ValueError(f"{source}: expected one number of experts in num_experts/num_local_experts, "
+                         f"got {sorted(values)}")
+    return values.pop()
+
+
+def _moe_spec(d: dict, arch: Architecture, source: str) -> MoESpec | None:
+    """The MoE MLP of ``arch``; refuses layouts the engine does not build (dense layers mixed in,
+    router jitter)."""
+    if arch.moe is None:
+        return None
+    if arch.moe == "mixtral":
+        if d.get("router_jitter_noise", 0.0):
+            raise ValueError(f"{source}: router_jitter_noise={d['router_jitter_noise']} is not supported "
+                             f"(it perturbs the hidden states in training); set it to 0")
+        ffn, norm_topk = d["intermediate_size"], True
+    else:
+        if d.get("mlp_only_layers") or d.get("decoder_sparse_step", 1) != 1:
+            raise ValueError(f"{source}: dense layers between MoE layers (mlp_only_layers="
+                             f"{d.get('mlp_only_layers')}, decoder_sparse_step={d.get('decoder_sparse_step')}) "
+                             f"are not supported; every layer must be a MoE layer")
+        ffn, norm_topk = d["moe_intermediate_size"], bool(d.get("norm_topk_prob", False))
+    shared = None
+    if arch.moe == "qwen2_moe":
+        if not d.get("qkv_bias", True):
+            raise ValueError(f"{source}: qkv_bias=false is not supported for {arch.name}")
+        shared = d["shared_expert_intermediate_size"]
+    return MoESpec(num_experts=_num_experts(d, source), top_k=d["num_experts_per_tok"], ffn_hidden_size=ffn,
+                   norm_topk_prob=norm_topk, shared_expert_ffn_hidden_size=shared,
+                   shared_expert_gate=shared is not None)
 
 
 def _check_unsupported(d: dict, arch: Architecture, source: str) -> None:

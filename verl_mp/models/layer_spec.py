@@ -147,6 +147,8 @@ def _own_layer_spec(spec: GPTSpec):
     )
 
     qk_norm = RMSNorm if spec.qk_layernorm else IdentityOp
+    mlp = _moe_mlp_spec(spec) if spec.moe else ModuleSpec(
+        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
     attention = ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},
@@ -160,8 +162,7 @@ def _own_layer_spec(spec: GPTSpec):
         submodules=TransformerLayerSubmodules(
             input_layernorm=RMSNorm, self_attention=attention, self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=RMSNorm,
-            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear,
-                                                                linear_fc2=RowParallelLinear)),
+            mlp=mlp,
             mlp_bda=get_bias_dropout_add,
             # Same checkpoint keys as megatron's local/TE specs: checkpoints stay interchangeable.
             sharded_state_dict_keys_map={
@@ -170,6 +171,16 @@ def _own_layer_spec(spec: GPTSpec):
             },
         ),
     )
+
+
+def _moe_mlp_spec(spec: GPTSpec):
+    """megatron's MoELayer with local linears: TopKRouter, SequentialMLP experts (one MLP per
+    local expert, no grouped GEMM), and a SharedExpertMLP when the model has one."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
+
+    return get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=spec.moe.num_experts,
+                                           moe_grouped_gemm=False)
 
 
 def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None):
@@ -181,6 +192,9 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
     )
 
     backend = resolve_backend(backend)
+    if backend == "te" and spec.moe is not None:
+        raise ValueError("mixture-of-experts models are not supported with attention_backend='te' yet "
+                         "(its grouped experts have another parameter layout); use 'sdpa'")
     if backend == "te":
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
@@ -191,6 +205,7 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
         if config.sequence_parallel:
             raise ValueError("sequence_parallel=True needs attention_backend 'sdpa' or 'te' "
                              "(megatron's torch norm of the 'local' backend refuses it)")
-        return get_gpt_layer_local_spec(qk_layernorm=spec.qk_layernorm)
+        return get_gpt_layer_local_spec(num_experts=spec.moe.num_experts if spec.moe else None,
+                                        moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[_own_layer_spec(spec)] * num_layers, layer_norm=RMSNorm)

@@ -1,7 +1,9 @@
 """Supported Hugging Face architectures: an explicit name/layout map per HF ``architectures[0]``.
 
 Each `Architecture` lists, as data, which HF tensors make up each megatron parameter and
-how (`TensorRule`). Names use ``{i}`` for the *global* layer index. The conversion
+how (`TensorRule`). Names use ``{i}`` for the *global* layer index and ``{e}`` for the
+*global* expert index (mixture-of-experts layers: megatron's local expert ``k`` on
+expert-parallel rank ``r`` is global expert ``r * num_experts / EP + k``). The conversion
 functions that apply these rules live in `verl_mp.models.convert`.
 
 Rule kinds (layouts of the megatron tensor, TP=1, unpadded vocabulary):
@@ -13,7 +15,8 @@ Rule kinds (layouts of the megatron tensor, TP=1, unpadded vocabulary):
 - ``vocab``: embedding / LM head rows; megatron pads them to a TP multiple (see
   `verl_mp.models.convert.tp_shard_plan`), HF never sees the padding.
 
-``tp_dim`` is the dimension megatron splits over tensor-parallel ranks (None: replicated).
+``tp_dim`` is the dimension megatron splits over tensor-parallel ranks (None: replicated);
+for routed experts (``{e}`` rules) the split is over the *expert*-TP ranks.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class Architecture:
     ``flag`` (only with ``use_sliding_window=True``; Qwen2/3, refused: per-layer windows)."""
     value_head: bool = False
     """``*ForTokenClassification`` critic checkpoints: ``score`` head instead of ``lm_head``."""
+    moe: str | None = None
+    """How the config describes its mixture-of-experts MLP (`verl_mp.models.hf_config`):
+    ``qwen2_moe`` (shared expert with a sigmoid gate), ``qwen3_moe``, ``mixtral``; None: dense."""
 
 
 _L, _H = "decoder.layers.{i}.", "model.layers.{i}."
@@ -87,6 +93,38 @@ QWEN2_RULES = (*LLAMA_RULES, _QKV_BIAS)
 QWEN3_RULES = (*LLAMA_RULES, *_QK_NORM)
 MISTRAL_RULES = LLAMA_RULES
 
+# Mixture-of-experts MLPs. Routed experts are megatron SequentialMLP experts named by their
+# global index; the router is `mlp.router`, Qwen2-MoE's shared expert `mlp.shared_experts`.
+_ATTENTION = tuple(r for r in _LAYER if ".mlp." not in r.megatron)
+_E = _L + "mlp.experts.{e}."
+
+
+def _moe_rules(router: str, gate: str, up: str, down: str) -> tuple[TensorRule, ...]:
+    """Router + routed-expert rules; ``gate``/``up``/``down`` are HF names under ``model.layers.{i}.``."""
+    return (
+        TensorRule(_L + "mlp.router.weight", (_H + router,), "copy", None),
+        TensorRule(_E + "linear_fc1.weight", (_H + gate, _H + up), "fc1", 0),
+        TensorRule(_E + "linear_fc2.weight", (_H + down,), "copy", 1),
+    )
+
+
+_QWEN_EXPERTS = _moe_rules("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                           "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight")
+_QWEN2_SHARED_EXPERT = (
+    TensorRule(_L + "mlp.shared_experts.linear_fc1.weight",
+               (_H + "mlp.shared_expert.gate_proj.weight", _H + "mlp.shared_expert.up_proj.weight"), "fc1", 0),
+    TensorRule(_L + "mlp.shared_experts.linear_fc2.weight", (_H + "mlp.shared_expert.down_proj.weight",), "copy", 1),
+    TensorRule(_L + "mlp.shared_experts.gate_weight", (_H + "mlp.shared_expert_gate.weight",), "copy", None),
+)
+# Mixtral checkpoints keep the original names: w1 = gate, w3 = up, w2 = down.
+_MIXTRAL_EXPERTS = _moe_rules("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                              "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight")
+
+_MOE_BASE = (_EMBEDDING, _FINAL_NORM, _LM_HEAD, *_ATTENTION)
+QWEN3_MOE_RULES = (*_MOE_BASE, *_QK_NORM, *_QWEN_EXPERTS)
+QWEN2_MOE_RULES = (*_MOE_BASE, _QKV_BIAS, *_QWEN_EXPERTS, *_QWEN2_SHARED_EXPERT)
+MIXTRAL_RULES = (*_MOE_BASE, *_MIXTRAL_EXPERTS)
+
 
 def _critic(rules: tuple[TensorRule, ...]) -> tuple[TensorRule, ...]:
     return tuple(r for r in rules if r is not _LM_HEAD) + _VALUE_HEAD
@@ -97,6 +135,9 @@ _BASES = (
     ("Qwen2", "qwen2", QWEN2_RULES, dict(qkv_bias=True, sliding_window="flag")),
     ("Qwen3", "qwen3", QWEN3_RULES, dict(qk_norm=True, sliding_window="flag")),
     ("Mistral", "mistral", MISTRAL_RULES, dict(sliding_window="always")),
+    ("Qwen2Moe", "qwen2_moe", QWEN2_MOE_RULES, dict(qkv_bias=True, sliding_window="flag", moe="qwen2_moe")),
+    ("Qwen3Moe", "qwen3_moe", QWEN3_MOE_RULES, dict(qk_norm=True, sliding_window="flag", moe="qwen3_moe")),
+    ("Mixtral", "mixtral", MIXTRAL_RULES, dict(sliding_window="always", moe="mixtral")),
 )
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -111,9 +152,10 @@ def register_architecture(arch: Architecture) -> None:
 
 for _prefix, _model_type, _rules, _flags in _BASES:
     register_architecture(Architecture(f"{_prefix}ForCausalLM", _model_type, _rules, **_flags))
-    register_architecture(
-        Architecture(f"{_prefix}ForTokenClassification", _model_type, _critic(_rules), value_head=True, **_flags)
-    )
+    if "moe" not in _flags:  # mixture-of-experts critics: not built yet
+        register_architecture(
+            Architecture(f"{_prefix}ForTokenClassification", _model_type, _critic(_rules), value_head=True, **_flags)
+        )
 
 
 def get_architecture(name: str, source: str = "config.json") -> Architecture:

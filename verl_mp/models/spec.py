@@ -12,6 +12,30 @@ from verl_mp.config.parallel import ModelShape
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """The mixture-of-experts MLP of every decoder layer (Qwen2/3-MoE, Mixtral).
+
+    Routing (all three HF architectures): ``p = softmax(router(x))`` over all experts in
+    fp32, the ``top_k`` largest are chosen, optionally renormalised to sum to 1
+    (``norm_topk_prob``), and the chosen experts' SwiGLU outputs are summed with weights
+    ``p``. A shared expert (Qwen2-MoE) runs on every token and is scaled by
+    ``sigmoid(shared_expert_gate(x))``.
+    """
+
+    num_experts: int
+    top_k: int
+    ffn_hidden_size: int
+    """Intermediate size of one routed expert (HF ``moe_intermediate_size``; Mixtral:
+    ``intermediate_size``)."""
+    norm_topk_prob: bool = True
+    """Renormalise the chosen experts' probabilities to sum to 1 (always on for Mixtral)."""
+    shared_expert_ffn_hidden_size: int | None = None
+    """Intermediate size of the always-on shared expert; None: no shared expert."""
+    shared_expert_gate: bool = False
+    """Scale the shared expert's output by ``sigmoid(x @ w_gate)`` (Qwen2-MoE)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class GPTSpec:
     num_layers: int
     hidden_size: int
@@ -48,6 +72,8 @@ class GPTSpec:
     value_head: bool = False
     """Critic: the output layer is a ``[1, hidden]`` value head with bias (HF
     ``*ForTokenClassification`` ``score.weight``/``score.bias``), never tied."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts MLP in every layer; None: a dense SwiGLU MLP of ``ffn_hidden_size``."""
 
     @property
     def shape(self) -> ModelShape:
@@ -56,6 +82,8 @@ class GPTSpec:
             num_attention_heads=self.num_attention_heads,
             num_query_groups=self.num_query_groups,
             vocab_size=self.vocab_size,
+            num_experts=self.moe.num_experts if self.moe else None,
+            moe_ffn_hidden_size=self.moe.ffn_hidden_size if self.moe else None,
         )
 
     @property

@@ -1,0 +1,116 @@
+"""MegatronEngine checks of the tiny mixture-of-experts models at one (TP, PP, EP, expert-TP)
+layout; results as JSON for tests/dist/test_engine_moe.py.
+
+Checks (``--checks``, comma separated):
+
+- ``logprobs``: every tiny MoE architecture, loaded from HF, log-probs of a fixed batch.
+- ``export``: HF export of every architecture (compared bit for bit by the test).
+- ``train``: Qwen2-MoE actor (shared expert) with load-balancing and z-loss: one step's
+  metrics and the log-probs after it (compared across layouts by the test).
+- ``save``: after that step, save a dist checkpoint, then a second step's metrics and
+  log-probs; ``resume`` loads the checkpoint at this (other) layout and does the same.
+- ``packed``: without router losses (they depend on how tokens are grouped into
+  micro-batches), one step with padded fixed-size micro-batches and one with packed
+  token-budget ones, whose counts differ between data-parallel ranks (padding micro-batches).
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from engine_checks import batch_for, pg_loss
+
+from verl_mp.config.moe import MoEConfig
+from verl_mp.config.optim import OptimConfig
+from verl_mp.config.parallel import ParallelConfig
+from verl_mp.engine.config import EngineConfig
+from verl_mp.engine.engine import MegatronEngine
+
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+ROUTER_LOSSES = MoEConfig(aux_loss_coeff=0.1, z_loss_coeff=0.01)
+
+
+class Runner:
+    def __init__(self, a):
+        self.a, self.results, self.engines = a, {}, {}
+        self.parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                                       expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
+                                       sequence_parallel=a.tp > 1)
+
+    def engine(self, arch: str, role: str = "ref", moe: MoEConfig = ROUTER_LOSSES, **kw) -> MegatronEngine:
+        kw = {"micro_batch_size": 2, **kw}
+        cfg = EngineConfig(model_path=str(Path(self.a.models) / arch), role=role, parallel=self.parallel,
+                           optim=OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1.0), moe=moe,
+                           total_training_steps=4, attention_backend="sdpa", **kw)
+        engine = MegatronEngine(cfg)
+        engine.load_hf()
+        return engine
+
+    def lp(self, engine, step: int = 0):
+        b = batch_for(engine.spec.vocab_size, step)
+        return engine.compute_log_probs(b["input_ids"], b["attention_mask"])
+
+    def step(self, engine, step: int) -> dict:
+        b = batch_for(engine.spec.vocab_size, step)
+        metrics = engine.train_step(b, pg_loss(b), with_entropy=True)
+        return dict(metrics=metrics, after=self.lp(engine, step).tolist())
+
+    def check_logprobs(self):
+        self.engines = {arch: self.engine(arch) for arch in ARCHS}
+        self.results["logprobs"] = {a: self.lp(e).tolist() for a, e in self.engines.items()}
+
+    def check_export(self):
+        for arch, engine in self.engines.items():
+            engine.export_hf(str(Path(self.a.work) / f"export_{arch}_{self.a.name}"), max_shard_bytes=60_000)
+
+    def check_train(self):
+        self.actor = self.engine("qwen2_moe", role="actor")
+        self.results["train"] = self.step(self.actor, 1)
+
+    def check_save(self):
+        self.actor.save_checkpoint(str(Path(self.a.work) / "ckpt"))
+        self.results["resume"] = dict(before=self.lp(self.actor, 2).tolist(), **self.step(self.actor, 2))
+
+    def check_packed(self):
+        out = self.results.setdefault("packed", {})
+        budget = dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40)
+        for name, kw in (("padded", {}), ("packed", budget)):
+            engine = self.engine("qwen3_moe", role="actor", moe=MoEConfig(), **kw)
+            b = batch_for(engine.spec.vocab_size, 1)
+            mbs = engine._micro_batches(b)
+            counts = [None] * dist.get_world_size()
+            dist.all_gather_object(counts, (len(mbs), sum(mb.dummy for mb in mbs)))
+            out[name] = dict(micro_batches=counts, **self.step(engine, 1))
+
+    def check_resume(self):
+        engine = self.engine("qwen2_moe", role="actor")
+        engine.load_checkpoint(str(Path(self.a.work) / "ckpt"))
+        self.results["resume"] = dict(before=self.lp(engine, 2).tolist(), **self.step(engine, 2))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    for flag in ("--tp", "--pp", "--ep"):
+        p.add_argument(flag, type=int, default=1)
+    p.add_argument("--etp", type=int, default=None)
+    p.add_argument("--name", required=True)
+    p.add_argument("--models", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--checks", required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    runner = Runner(a)
+    for check in a.checks.split(","):
+        start = time.time()
+        getattr(runner, f"check_{check}")()
+        runner.results.setdefault("seconds", {})[check] = round(time.time() - start, 1)
+    if dist.get_rank() == 0:
+        Path(a.out).write_text(json.dumps(runner.results))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""MegatronEngine with mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) against HF
+transformers, at expert-parallel layouts on gloo ranks (fp32).
+
+One torchrun launch per layout runs every check of tests/dist/progs/moe_checks.py on all
+three tiny models; "ep2" (2 ranks) runs first and writes the checkpoint the others resume.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
+from verl_mp.demo.tiny_models import TINY_MOE_MODELS, build_tiny_checkpoint
+from verl_mp.utils.launch import launch_local
+
+pytestmark = pytest.mark.dist
+
+PROG = str(Path(__file__).parent / "progs" / "moe_checks.py")
+BATCH = 7
+TOL = 1e-4
+LAUNCHES = [  # name, layout flags, ranks, checks; "ep2" saves what "resume" loads
+    ("ep2", dict(ep=2), 2, "logprobs,train,save,packed"),
+    ("tp2_ep2", dict(tp=2, ep=2), 4, "logprobs,export,train,resume"),  # expert-TP = TP = 2
+    ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume,packed"),
+    ("ep2_etp2", dict(ep=2, etp=2), 4, "logprobs,train"),
+    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1), 2, "logprobs,train"),  # the EP group is the TP group
+]
+LAYOUTS = [name for name, *_ in LAUNCHES]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    models = {kind: build_tiny_checkpoint(kind, root / "models" / kind) for kind in TINY_MOE_MODELS}
+    work = root / "work"
+    work.mkdir()
+    results = {}
+    for name, flags, nproc, checks in LAUNCHES:
+        out = work / f"{name}.json"
+        layout = [str(v) for k, v in flags.items() for v in (f"--{k}", v)]
+        launch_local(PROG, nproc, [*layout, "--name", name, "--models", root / "models", "--work", work,
+                                   "--checks", checks, "--out", out],
+                     module=False, timeout_s=600, capture_output=True, env={"VERL_MP_MAX_CPU_RANKS": "8"})
+        results[name] = json.loads(out.read_text())
+    return dict(models=models, work=work, results=results)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(env):
+    refs = {}
+    for kind, path in env["models"].items():
+        vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+        ids, mask = token_batch(vocab, batch=BATCH)
+        refs[kind] = (hf_log_probs(str(path), ids, mask, torch.float32), mask)
+    return refs
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_log_probs_match_hf(env, hf_reference, layout):
+    got = env["results"][layout]["logprobs"]
+    diffs = {kind: compare(torch.tensor(got[kind]), ref, mask) for kind, (ref, mask) in hf_reference.items()}
+    print(f"{layout} max|log-prob diff| vs HF: {diffs}")
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_router_mode_is_what_the_check_sees(env, hf_reference, tmp_path):
+    """The HF comparison tells the routing modes apart: HF with norm_topk_prob flipped (top-k
+    probabilities renormalised or not) is far from the engine."""
+    got = env["results"]["ep2"]["logprobs"]
+    for kind in ("qwen3_moe", "qwen2_moe"):
+        flipped = tmp_path / kind
+        shutil.copytree(env["models"][kind], flipped)
+        config = json.loads((flipped / "config.json").read_text())
+        config["norm_topk_prob"] = not config["norm_topk_prob"]
+        (flipped / "config.json").write_text(json.dumps(config))
+        ref, mask = hf_reference[kind]
+        wrong = hf_log_probs(str(flipped), *token_batch(config["vocab_size"], batch=BATCH), torch.float32)
+        assert compare(torch.tensor(got[kind]), wrong, mask) > 100 * TOL, kind
+
+
+def _load_dir(path: Path) -> dict:
+    tensors = {}
+    for file in sorted(path.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+@pytest.mark.parametrize("layout", ["tp2_ep2", "pp2_ep2"])
+def test_hf_round_trip_is_bitwise(env, layout):
+    for kind, src in env["models"].items():
+        out = env["work"] / f"export_{kind}_{layout}"
+        original, exported = _load_dir(src), _load_dir(out)
+        assert exported.keys() == original.keys(), kind
+        for name, tensor in original.items():
+            assert exported[name].dtype == tensor.dtype and torch.equal(exported[name], tensor), (kind, name)
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == set(original) and len(set(index["weight_map"].values())) > 1
+        assert (out / "config.json").read_text() == (src / "config.json").read_text()
+
+
+def _max_diff(a, b) -> float:
+    return float((torch.tensor(a) - torch.tensor(b)).abs().max())
+
+
+def test_training_with_router_losses_agrees_across_layouts(env):
+    """One step with load-balancing and z-loss: data, tensor (with sequence parallelism),
+    pipeline, expert and expert-tensor parallel layouts compute the same update."""
+    base = env["results"]["ep2"]["train"]
+    m = base["metrics"]
+    assert m["moe/dropped_tokens"] == 0 and m["moe/load_balancing_loss"] > 1.0
+    assert m["moe/max_over_mean_load"] >= 1.0 and m["moe/tokens_per_expert_max"] >= m["moe/tokens_per_expert_mean"]
+    # every real token is routed to top-2 of 4 experts in each of the 4 layers
+    _, mask = token_batch(99, batch=BATCH, seed=1)
+    assert m["moe/tokens_per_expert_mean"] == pytest.approx(float(mask.sum()) * 2 / 4)
+    for layout in LAYOUTS[1:]:
+        got = env["results"][layout]["train"]
+        print(f"{layout}: grad_norm {got['metrics']['grad_norm']:.7f} vs {m['grad_norm']:.7f}, "
+              f"log-probs after the step within {_max_diff(got['after'], base['after']):.1e}")
+        for key, value in m.items():
+            assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (layout, key)
+        assert _max_diff(got["after"], base["after"]) <= TOL, layout
+
+
+@pytest.mark.parametrize("layout", ["ep2", "pp2_ep2"])
+def test_packed_token_budget_micro_batches_with_padding_micro_batches(env, layout):
+    """Packed micro-batches filled to a token budget differ in number between data-parallel
+    ranks; the MoE engine pads with micro-batches that only run the collectives, and the
+    step equals the padded fixed-size one."""
+    runs = env["results"][layout]["packed"]
+    counts = {tuple(c) for c in runs["packed"]["micro_batches"]}
+    assert any(dummies > 0 for _, dummies in counts) and len({n for n, _ in counts}) == 1, counts
+    padded, packed = runs["padded"], runs["packed"]
+    for key in ("pg_loss", "entropy", "grad_norm", "moe/load_balancing_loss", "moe/tokens_per_expert_max"):
+        assert packed["metrics"][key] == pytest.approx(padded["metrics"][key], rel=1e-5), key
+    assert _max_diff(packed["after"], padded["after"]) <= TOL
+
+
+def test_checkpoint_saved_at_ep2_resumes_at_other_layouts(env):
+    saved = env["results"]["ep2"]["resume"]
+    for layout in ("tp2_ep2", "pp2_ep2"):
+        got = env["results"][layout]["resume"]
+        print(f"resumed at {layout}: before {_max_diff(got['before'], saved['before']):.1e}, "
+              f"after a step {_max_diff(got['after'], saved['after']):.1e}")
+        assert _max_diff(got["before"], saved["before"]) <= 1e-5, layout
+        for key in ("pg_loss", "entropy", "grad_norm", "moe/load_balancing_loss"):
+            assert got["metrics"][key] == pytest.approx(saved["metrics"][key], rel=1e-4), (layout, key)
+        # the optimizer state came along: a lost Adam state moves these by O(0.1)
+        assert _max_diff(got["after"], saved["after"]) <= 1e-3, layout
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "verl_mp", *map(str, args)], capture_output=True,
+                          text=True, timeout=400, env={**os.environ, "VERL_MP_MAX_CPU_RANKS": "8"})
+
+
+def test_cli_verify_and_convert_across_expert_layouts(env, tmp_path):
+    """``verify --ep``, and ``convert`` HF -> dist checkpoint at EP2 -> HF at EP1 (one rank) is bitwise."""
+    proc = _cli("verify", "--model", env["models"]["qwen2_moe"], "--tp", 2, "--ep", 2, "--etp", 1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["passed"] and line["max_abs_diff"] <= TOL and (line["tp"], line["ep"], line["etp"]) == (2, 2, 1)
+    src, ckpt, back = env["models"]["mixtral"], tmp_path / "mcore", tmp_path / "back"
+    first = _cli("convert", "hf-to-megatron", "--src", src, "--out", ckpt, "--ep", 2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _cli("convert", "megatron-to-hf", "--src", ckpt, "--out", back)
+    assert second.returncode == 0, second.stderr[-3000:]
+    original, converted = _load_dir(src), _load_dir(back)
+    assert converted.keys() == original.keys()
+    assert all(torch.equal(converted[k], v) for k, v in original.items())
