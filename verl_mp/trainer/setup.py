@@ -84,6 +84,9 @@ def preflight(cfg: RootConfig) -> RunPlan:
     # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
+    from verl_mp.bridge.weight_sync import refuse_unsupported
+
+    refuse_unsupported(spec)
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
