@@ -5,7 +5,7 @@
 # and the project's tiny tokenizer (so a tiny vocabulary: the LM head is negligible, unlike
 # the real 151936), on the synthetic arithmetic prompts. A random model writes on, so most
 # responses are long. NPROC ranks = GPUs, Megatron TP = rollout TP = TP.
-# Settings (env, defaults): SIZE=0.5b NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
+# Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
 #   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun; extra key=value arguments are passed on.
 # Usage: bash benchmarks/gpu_grpo.sh OUT_DIR [key=value ...]   (PYTHONPATH with verl_mp, vLLM)
 set -euo pipefail
@@ -18,19 +18,21 @@ import sys, torch
 from verl_mp.demo.task import write_synthetic_dataset
 from verl_mp.demo.tiny_models import save_tiny_qwen2
 work, size, max_pos = sys.argv[1], sys.argv[2], int(sys.argv[3])
-body = {"0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
+body = {"tiny": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),  # a CPU dry run
+        "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
         "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}[size]
 write_synthetic_dataset(f"{work}/data", num_train=4096, num_test=64, seed=0)
 save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
 PY
 python3 -m verl_mp train --config-name grpo \
-  model.path="$work/model" model.dtype=bf16 \
+  model.path="$work/model" model.dtype="${DTYPE:-bf16}" \
   "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]" \
   data.train_batch_size="${PROMPTS:-64}" data.max_prompt_length=64 \
   actor.ppo_mini_batch_size="${PROMPTS:-64}" actor.micro_batch_size="$micro" ref.micro_batch_size="$micro" \
   actor.megatron.tensor_model_parallel_size="$tp" rollout.tensor_model_parallel_size="$tp" \
   rollout.max_model_len=$((max_new + 128)) rollout.gpu_memory_utilization="${UTIL:-0.4}" \
-  rollout.sampling.n="${N:-8}" rollout.sampling.max_new_tokens="$max_new" rollout.logprob_gap_freq="${GAP_FREQ:-1}" \
+  rollout.sampling.n="${N:-8}" rollout.sampling.max_new_tokens="$max_new" rollout.val_sampling.max_new_tokens="$max_new" \
+  rollout.logprob_gap_freq="${GAP_FREQ:-1}" \
   trainer.launcher="${LAUNCHER:-torchrun}" trainer.nproc="$nproc" trainer.total_steps="${STEPS:-4}" trainer.test_freq=0 \
   trainer.val_before_train=false trainer.save_freq=0 trainer.save_final=false trainer.export_hf_at_end=false \
   trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out" "$@"

@@ -22,3 +22,35 @@ def test_unknown_preset_lists_presets():
 def test_override_reaches_the_typed_config():
     cfg = load_config("ppo", ["actor.kl_loss_coef=0.5", "algorithm.lam=0.9"])
     assert cfg.actor.kl_loss_coef == 0.5 and cfg.algorithm.lam == 0.9 and cfg.algorithm.adv_estimator == "gae"
+
+
+def test_train_help_lists_presets_and_the_most_used_keys_with_defaults(capsys):
+    import pytest as _pytest
+
+    from verl_mp.cli import main as cli_main
+
+    with _pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "grpo" in out and "ppo" in out and "tiny_cpu" in out  # the presets
+    assert "trainer.save_freq" in out and "actor.optim.lr" in out and "1e-06" in out
+
+
+def test_config_show_prints_values_and_docstrings(capsys):
+    from verl_mp.cli import main as cli_main
+
+    assert cli_main(["config", "show", "--config-name", "grpo", "actor.optim.lr=3e-6"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "actor.optim.lr = 3e-06    # Peak learning rate (after warm-up)." in out
+    assert any(line.startswith("algorithm.adv_estimator = 'grpo'") for line in out)
+
+
+def test_more_ranks_than_cores_warns(monkeypatch, caplog):
+    import logging
+
+    from verl_mp.trainer import setup
+
+    monkeypatch.setattr(setup.os, "cpu_count", lambda: 2)
+    with caplog.at_level(logging.WARNING):
+        setup._warn_oversubscribed(4)
+    assert "trainer.nproc=4 ranks on 2 CPU cores" in caplog.text

@@ -42,7 +42,7 @@ def test_report_png_summary_and_numbers(tmp_path):
     assert summary["val_accuracy_gain_pp"] == pytest.approx(19.0)
     text = (tmp_path / "report" / "summary.md").read_text()
     assert "| reward/score/mean | 0.1 (step 1) | 0.48 (step 20) | 0.48 (step 20) |" in text
-    assert "- total steps: 20" in text and "- total time: 40.0s" in text
+    assert "- training steps: 20 (steps 1-20)" in text and "- time in training steps: 40.0s" in text
     assert "val accuracy: 0.4100 -> 0.6000 (+19.0 pp)" in text
 
 
@@ -60,8 +60,9 @@ def test_loss_best_is_min_and_missing_curves_skipped(tmp_path):
 def test_no_curve_data_still_writes_report(tmp_path):
     jsonl = tmp_path / "metrics.jsonl"
     write_jsonl(jsonl, [{"step": 1, "other": 1.0}, {"step": 2, "reward/score/mean": None}])
-    summary = write_report(str(jsonl), str(tmp_path))
-    assert summary == {"num_steps": 2}
+    summary = write_report(str(jsonl), str(tmp_path), wall_time_s=63.0)
+    assert summary == {"num_steps": 2, "steps": (1, 2), "wall_time_s": 63.0}
+    assert "- wall time of the last invocation: " in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "val accuracy" not in (tmp_path / "summary.md").read_text()
 

@@ -150,3 +150,16 @@ def test_the_rollout_returns_log_probs_only_on_the_steps_that_use_them():
     trainer.cfg = replace(cfg, rollout=replace(cfg.rollout, logprob_gap_freq=0))
     assert not any(trainer._sampling(s).logprobs for s in range(1, 8))
     assert trainer._sampling(2).seed != trainer._sampling(3).seed
+
+
+def test_groups_without_signal_are_counted_and_a_flat_batch_warns(caplog):
+    import logging
+
+    b = _batch()
+    b.token_level_scores = torch.zeros(4, 3)
+    b.token_level_scores[0, 0] = 1.0  # group 0: 1 vs 0 (signal); group 1: 0 vs 0 (none)
+    assert steps.signal_metrics(b, step=3) == {"training/groups_without_signal": 0.5}
+    b.token_level_scores.zero_()
+    with caplog.at_level(logging.WARNING):
+        assert steps.signal_metrics(b, step=4) == {"training/groups_without_signal": 1.0}
+    assert "step 4: every prompt's samples got the same reward" in caplog.text

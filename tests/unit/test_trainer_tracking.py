@@ -79,7 +79,7 @@ def test_console_line_fixed_order_short_precision_skips_absent():
          "actor/pg_loss": float("nan")},
         step=7,
     )
-    assert line == "step 7 | score 0.5123 | pg_loss nan | kl 0.0001235"
+    assert line == "step 7 | score 0.5123 | pg_loss nan | approx_kl 0.0001235"
 
 
 def test_console_writes_to_stream_or_logger(tmp_path, caplog):

@@ -15,11 +15,56 @@ DEMO_PRESET = "tiny_cpu"
 """The default preset: with no model.path and no data it runs the embedded demo."""
 
 
+COMMON_KEYS = (
+    "model.path", "model.dtype", "data.train_files", "data.val_files", "data.train_batch_size",
+    "data.max_prompt_length", "algorithm.adv_estimator", "actor.optim.lr", "actor.ppo_mini_batch_size",
+    "actor.micro_batch_size", "actor.megatron.tensor_model_parallel_size",
+    "actor.megatron.pipeline_model_parallel_size", "rollout.tensor_model_parallel_size", "rollout.sampling.n",
+    "rollout.sampling.max_new_tokens", "rollout.max_model_len", "trainer.launcher", "trainer.nproc",
+    "trainer.total_steps", "trainer.save_freq", "trainer.test_freq", "trainer.default_local_dir",
+    "trainer.resume_mode",
+)
+"""The keys `verl-mp train --help` lists with their defaults (docs/configuration.md has all)."""
+
+
 def add_subcommands(sub) -> None:
+    import argparse as ap
+
     p = sub.add_parser("train", help="run RL training (default: the embedded tiny CPU demo)",
-                       description=__doc__.splitlines()[0])
+                       description=__doc__.splitlines()[0], epilog=_keys_epilog(),
+                       formatter_class=ap.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=train)
+    config = sub.add_parser("config", help="show a resolved configuration with every key's docstring")
+    show = config.add_subparsers(dest="action", required=True).add_parser(
+        "show", help="every key of `--config-name` + overrides: value and docstring")
+    show.add_argument("--config-name", default=DEMO_PRESET, help="preset or YAML path (default: the demo's)")
+    show.add_argument("overrides", nargs="*", help="dotlist overrides")
+    show.set_defaults(func=config_show)
+
+
+def _keys_epilog() -> str:
+    from verl_mp.config.reference import resolved_rows
+    from verl_mp.config.schema import RootConfig
+
+    values = {key: value.strip("`") for key, _, value, _ in resolved_rows(RootConfig())}
+    width = max(map(len, COMMON_KEYS))
+    lines = ["most used keys (default); all: `verl-mp config show`, docs/configuration.md:"]
+    lines += [f"  {key:<{width}}  {values.get(key, '?')}" for key in COMMON_KEYS]
+    return "\n".join(lines)
+
+
+def config_show(args) -> int:
+    """Print every key of the resolved configuration, its value and its docstring."""
+    from verl_mp.config.reference import resolved_rows
+
+    cfg = load_config(args.config_name, args.overrides)
+    for key, _, value, doc in resolved_rows(cfg):
+        if value == "(section)":
+            continue
+        first = doc.split(". ")[0].replace("\n", " ").strip() if doc else ""
+        print(f"{key} = {value.strip('`')}" + (f"    # {first}" if first else ""))
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -131,7 +131,8 @@ class RLTrainer:
                            "update", hint="the losses or gradient norms of the update")
         with self._phase("weight_sync"):
             metrics.update(self.workers.sync_weights())
-        metrics.update(gap, **steps.response_metrics(batch, out), **steps.advantage_metrics(batch))
+        metrics.update(gap, **steps.response_metrics(batch, out), **steps.advantage_metrics(batch),
+                       **steps.signal_metrics(batch, step))
         metrics.update(self.workers.step_counters())
         metrics.update(self.timer.metrics())
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)

@@ -55,7 +55,10 @@ def summarize(records: list[dict], curves: Sequence[str]) -> dict:
         steps, values = curve_points(records, key)
         if values:
             summary[key] = summarize_curve(steps, values, key)
-    summary["num_steps"] = len(records)
+    trained = [r["step"] for r in records if r.get("step", 0) >= 1]  # step 0: validation before training
+    summary["num_steps"] = len(trained)
+    if trained:
+        summary["steps"] = (min(trained), max(trained))
     step_times_s = curve_points(records, STEP_TIME_KEY)[1]
     if step_times_s:
         summary["total_time_s"] = sum(step_times_s)
@@ -92,9 +95,13 @@ def render_markdown(summary: dict, curves: Sequence[str]) -> str:
                 f"| {c['best']:.4g} (step {c['best_step']}) |"
             )
         lines.append("")
-    lines.append(f"- total steps: {summary['num_steps']}")
+    span = f" (steps {summary['steps'][0]}-{summary['steps'][1]})" if "steps" in summary else ""
+    lines.append(f"- training steps: {summary['num_steps']}{span}")
     if "total_time_s" in summary:
-        lines.append(f"- total time: {_format_duration(summary['total_time_s'])}")
+        lines.append(f"- time in training steps: {_format_duration(summary['total_time_s'])} (start-up, "
+                     "validation and checkpoints not counted)")
+    if "wall_time_s" in summary:
+        lines.append(f"- wall time of the last invocation: {_format_duration(summary['wall_time_s'])}")
     if "val_accuracy_gain_pp" in summary:
         acc = summary[VAL_ACCURACY_KEY]
         lines.append(
@@ -129,7 +136,7 @@ def plot_curves(records: list[dict], curves: Sequence[str], path: str) -> None:
 
 
 def write_report(
-    metrics_jsonl: str, out_dir: str, curves: Sequence[str] = DEFAULT_CURVES
+    metrics_jsonl: str, out_dir: str, curves: Sequence[str] = DEFAULT_CURVES, wall_time_s: float | None = None
 ) -> dict:
     """Write ``<out_dir>/curves.png`` and ``<out_dir>/summary.md``; return the summary.
 
@@ -139,6 +146,8 @@ def write_report(
     records = merge_by_step(read_jsonl(metrics_jsonl))
     os.makedirs(out_dir, exist_ok=True)
     summary = summarize(records, curves)
+    if wall_time_s is not None:
+        summary["wall_time_s"] = wall_time_s
     plot_curves(records, curves, os.path.join(out_dir, "curves.png"))
     with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
         f.write(render_markdown(summary, curves))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from verl_mp.config.loader import to_yaml
 from verl_mp.trainer.interrupt import StopOnSignal, request_stop
@@ -56,6 +57,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
     from verl_mp.utils import shm
 
     shm.ensure_run_id()  # inherited by every rank: one identity for the run's shared resources
+    started = time.monotonic()
     with StopOnSignal(lambda: request_stop(out_dir)) as stop:
         try:
             if cfg.trainer.launcher == "torchrun":
@@ -64,7 +66,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
                 _run_ray(cfg, plan, stop, verbose)
         finally:
             shm.sweep_stale()  # what ranks that died could not release
-    _finish(cfg)
+    _finish(cfg, started)
     if stop.requested:
         logger.warning("stopped on request; trainer.resume_mode=auto continues from the checkpoint in %s", out_dir)
         return 130
@@ -168,10 +170,13 @@ def _init_ray(cfg, plan, verbose: bool) -> None:
              log_to_driver=verbose, logging_level=level, runtime_env=runtime_env)
 
 
-def _finish(cfg) -> None:
+def _finish(cfg, started: float | None = None) -> None:
+    import time
+
     from verl_mp.trainer.report import write_report
 
     metrics = os.path.join(cfg.trainer.default_local_dir, "metrics.jsonl")
     if "jsonl" in cfg.trainer.logger and os.path.exists(metrics):
-        summary = write_report(metrics, cfg.trainer.default_local_dir)
+        wall = time.monotonic() - started if started is not None else None
+        summary = write_report(metrics, cfg.trainer.default_local_dir, wall_time_s=wall)
         logger.info("report written to %s: %s", cfg.trainer.default_local_dir, summary)

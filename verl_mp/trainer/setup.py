@@ -70,6 +70,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     if t.launcher not in LAUNCHERS:
         raise ValueError(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
     check_local_ranks(t.nproc, "trainer.nproc")
+    _warn_oversubscribed(t.nproc)
     _check_names(cfg)
     placement = resolve_placement(t, enabled_roles(cfg))
     if t.launcher == "ray" and not os.environ.get("RAY_ADDRESS"):  # a local Ray on this machine
@@ -115,6 +116,16 @@ def _check_fits(cfg: RootConfig, spec) -> None:
         check_fits(cfg, spec, gib)
     except ValueError as err:
         raise ValueError(f"{err}; set trainer.gpu_memory_gib to plan for other GPUs") from None
+
+
+def _warn_oversubscribed(nproc: int) -> None:
+    import torch
+
+    cores = os.cpu_count() or 1
+    if not torch.cuda.is_available() and nproc > cores:
+        logger.warning("trainer.nproc=%d ranks on %d CPU cores: every rank gets less than a core and collectives "
+                       "wait on descheduled ranks (4 ranks on 2 cores ran 6x slower than 2); use nproc <= %d",
+                       nproc, cores, cores)
 
 
 def _check_names(cfg: RootConfig) -> None:

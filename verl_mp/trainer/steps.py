@@ -5,6 +5,7 @@ No processes, no engines: tensors and configs in, tensors and metrics out.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -21,6 +22,8 @@ from verl_mp.config.schema import AlgorithmConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
+
+logger = logging.getLogger(__name__)
 
 
 def build_batch(prompts: PromptBatch, out: RolloutOutput, pad_token_id: int) -> RLBatch:
@@ -122,6 +125,22 @@ def check_logprob_gap(metrics: dict[str, float], threshold: float | None, step: 
             f"rollout.logprob_diff_threshold={threshold}: the weight sync or the rollout numerics "
             "disagree with the trainer (raise the threshold only if this gap is expected, e.g. bf16)"
         )
+
+
+def signal_metrics(batch: RLBatch, step: int) -> dict[str, float]:
+    """``training/groups_without_signal``: the share of prompt groups whose samples all got
+    the same score (their group-relative advantages are 0). A warning when no group has
+    signal: the step cannot learn (rewards too sparse, or every prompt already solved)."""
+    scores = (batch.token_level_scores * batch.response_mask).sum(-1)
+    groups = {}
+    for gid, score in zip(batch.group_ids.tolist(), scores.tolist(), strict=True):
+        groups.setdefault(gid, set()).add(round(score, 6))
+    flat = sum(len(v) == 1 for v in groups.values()) / max(len(groups), 1)
+    if flat == 1.0 and len(next(iter(groups.values()), ())) and batch.group_ids.numel() > len(groups):
+        logger.warning("step %d: every prompt's samples got the same reward, so every group-relative advantage "
+                       "is 0 and this step learns nothing (rewards too sparse, or the prompts already solved; "
+                       "docs/troubleshooting.md)", step)
+    return {"training/groups_without_signal": flat}
 
 
 def advantage_metrics(batch: RLBatch) -> dict[str, float]:

@@ -73,8 +73,8 @@ def launch_local(
     Every ``preflight`` check runs first; a failing one raises before any process starts.
     Raises ``subprocess.CalledProcessError`` if any rank fails and ``TimeoutError`` after
     ``timeout_s`` (the whole process group is stopped then). ``stderr_log``: the ranks' and
-    torchrun's stderr is copied there as it streams to ours, and its last lines are the
-    error's ``stderr``. torchrun dies with this process (SIGKILL included), and stops its
+    torchrun's output (stdout and stderr) is copied there as it streams to our stderr, and its
+    last lines are the error's ``stderr``. torchrun dies with this process (SIGKILL included), and stops its
     ranks then. ``own_session``: torchrun and its ranks do not get the terminal's Ctrl-C
     (the caller handles it); Ctrl-C or SIGTERM reaching this function stops them.
     ``console_filter``: with ``stderr_log``, which lines also reach our stderr (all if None).
@@ -91,10 +91,12 @@ def launch_local(
     # With a timeout the ranks get their own process group so that all of them can be
     # stopped together; without one they stay in the caller's group, so that a signal to
     # the caller's group (Ctrl-C, a scheduler's SIGKILL) reaches every rank.
-    proc = subprocess.Popen(cmd, env=run_env, stdout=pipe, text=True,
-                            stderr=subprocess.PIPE if (capture_output or stderr_log) else None,
+    teed = bool(stderr_log) and not capture_output  # stdout and stderr as one stream through the tee
+    proc = subprocess.Popen(cmd, env=run_env, text=True,
+                            stdout=subprocess.PIPE if teed else pipe,
+                            stderr=subprocess.STDOUT if teed else pipe,
                             start_new_session=own_session or timeout_s is not None, preexec_fn=_die_with_parent)
-    tail = _tee(proc.stderr, stderr_log, console_filter) if stderr_log and not capture_output else None
+    tail = _tee(proc.stdout, stderr_log, console_filter) if teed else None
     try:
         out, err = proc.communicate(timeout=timeout_s) if tail is None else (proc.wait(timeout_s), None)
     except subprocess.TimeoutExpired:
