@@ -51,12 +51,14 @@ run_grpo21() {  # issue 21: the configuration that ran out of memory waking vLLM
 
 run_bench14() {  # issue 14: rollout speed side by side, and training MFU
   setup_python
-  for mode in standalone project; do
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-      benchmarks/rollout_speed.py --mode $mode --model /tmp/rollout_model --out "$OUT/rollout_$mode.json" \
-      > "$OUT/rollout_$mode.log" 2>&1
-    echo "rollout $mode rc=$?"; grep -E '^[{]' "$OUT/rollout_$mode.log" | tail -1
-  done
+  # standalone vLLM without torchrun: under torchrun's environment its own TCP rendezvous hangs
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/rollout_model \
+    --out "$OUT/rollout_standalone.json" > "$OUT/rollout_standalone.log" 2>&1
+  echo "rollout standalone rc=$?"; grep -E '^[{]' "$OUT/rollout_standalone.log" | tail -1
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/rollout_speed.py --mode project --model /tmp/rollout_model --out "$OUT/rollout_project.json" \
+    > "$OUT/rollout_project.log" 2>&1
+  echo "rollout project rc=$?"; grep -E '^[{]' "$OUT/rollout_project.log" | tail -1
   CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     benchmarks/train_mfu.py --out "$OUT/train_mfu.json" > "$OUT/train_mfu.log" 2>&1
   echo "train_mfu rc=$?"; grep -vE "Warning|warn|^\[|^ " "$OUT/train_mfu.log" | tail -9
