@@ -9,11 +9,13 @@
 #                  gpu_memory_utilization UTIL; per-step table with memory per phase.
 #   bench14      : same carry; rollout speed (standalone vLLM vs the project's rollout, with and
 #                  without log-probs, after sleep/wake) and the engine's training MFU.
+#   launchers    : carry .gpu-vllm/part2 + .whl + .gpu-ray/ray-kit (issue 22): the same GRPO run under
+#                  torchrun and under Ray, side by side, and the Ray GPU test (tests/gpu/test_ray_gpu.py).
 #   memory       : carry .whl only: benchmarks/engine_memory.py, the planner vs measured engine peaks.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|memory|main|train}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -64,6 +66,19 @@ run_bench14() {  # issue 14: rollout speed side by side, and training MFU
   echo "train_mfu rc=$?"; grep -vE "Warning|warn|^\[|^ " "$OUT/train_mfu.log" | tail -9
 }
 
+run_launchers() {  # issue 22: Ray mode vs torchrun on the same GRPO configuration
+  setup_python
+  bash .gpu-ray/ray-kit/install.sh .gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 || { tail -5 "$OUT/ray_install.log"; exit 1; }
+  export PYTHONPATH=/tmp/raysite:$PYTHONPATH
+  for launcher in torchrun ray; do
+    LAUNCHER=$launcher SIZE=0.5b MICRO=16 STEPS=4 GAP_FREQ=4 timeout 240 bash benchmarks/gpu_grpo.sh "$OUT/grpo_$launcher" \
+      > "$OUT/grpo_$launcher.log" 2>&1
+    echo "grpo $launcher rc=$?"; python3 benchmarks/grpo_table.py "$OUT/grpo_$launcher/metrics.jsonl" 2>/dev/null
+  done
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ray_gpu.py \
+    > "$OUT/gpu_ray_test.log" 2>&1; echo "ray gpu test rc=$?"; tail -3 "$OUT/gpu_ray_test.log"
+}
+
 run_main() {  # 1-GPU colocated sync test and the 1-GPU syncs; the TP=2 test on 2 GPUs
   setup_python
   (CUDA_VISIBLE_DEVICES=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_runtime_cuda.py \
@@ -89,6 +104,7 @@ case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   grpo21) run_grpo21 "${2:-0.4}" ;;
   bench14) run_bench14 ;;
+  launchers) run_launchers ;;
   main) run_main ;;
   train) run_train ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM

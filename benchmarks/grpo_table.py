@@ -15,7 +15,8 @@ COLUMNS = [("step", "training/step", "{:.0f}"), ("step s", "timing/step_s", "{:.
            ("free@wake", "memory/generate/awake_free_gib", "{:.1f}"),
            ("peak fwd", "memory/forward/peak_allocated_gib", "{:.1f}"),
            ("peak upd", "memory/update/peak_allocated_gib", "{:.1f}"),
-           ("rsv before gen", "memory/generate/before_reserved_gib", "{:.1f}")]
+           ("rsv before gen", "memory/generate/before_reserved_gib", "{:.1f}"),
+           ("round trips", "perf/driver_round_trips", "{:.0f}"), ("sent MB", "perf/driver_sent_mb", "{:.1f}")]
 
 
 def main(path: str) -> None:

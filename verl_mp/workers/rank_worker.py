@@ -177,7 +177,11 @@ class RankWorker:
     def describe(self) -> dict:
         engines = {r: e.config for r, e in (("actor", self.actor), ("ref", self.ref), ("critic", self.critic))
                    if e is not None}
-        info = {"group": self.group, "roles": self.roles, "world_size": dist.get_world_size(), "engines": engines}
+        from verl_mp.engine.runtime import local_device
+
+        info = {"group": self.group, "roles": self.roles, "world_size": dist.get_world_size(), "engines": engines,
+                "backend": dist.get_backend(), "device": str(local_device()),
+                "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         if self.actor is not None:
             info["flop_params"] = flop_params(self.actor.spec)
         return info
