@@ -20,8 +20,10 @@ def test_demo_reward_rises(tmp_path, tmp_path_factory, monkeypatch):
     cache = os.environ.get("VERL_MP_CACHE") or str(tmp_path_factory.mktemp("demo_cache"))
     monkeypatch.setenv("VERL_MP_CACHE", cache)
     out = tmp_path / "demo"
-    run_cli([f"trainer.default_local_dir={out}", "trainer.total_steps=10", "trainer.test_freq=5",
-             "trainer.save_final=false", "trainer.export_hf_at_end=false"])
+    proc = run_cli([f"trainer.default_local_dir={out}", "trainer.total_steps=10", "trainer.test_freq=5",
+                    "trainer.save_final=false", "trainer.export_hf_at_end=false"])
+    printed = (proc.stdout + proc.stderr).splitlines()
+    assert len(printed) <= 60, "\n".join(printed)  # quiet by default, warm start included
     steps = {r["step"]: r for r in read_jsonl(str(out / "metrics.jsonl"))}
     assert set(steps) == set(range(11))
     # The warm start ends most answers with a period, which arith_exact scores 0; GRPO

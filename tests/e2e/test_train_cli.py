@@ -28,9 +28,13 @@ def _steps(out_dir):
 @pytest.mark.parametrize("launcher", ["ray", "torchrun"])
 def test_grpo(tiny_run_inputs, tmp_path, launcher):
     out = tmp_path / launcher
-    run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
-             "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-             "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1"])
+    proc = run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
+                    "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+                    "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1"])
+    # quiet by default: a step line each, warnings, the run's start and end (the rest is in logs/)
+    printed = (proc.stdout + proc.stderr).splitlines()
+    assert len(printed) <= 60, "\n".join(printed)
+    assert (out / "logs" / "driver.log").stat().st_size > 0
     steps = _steps(out)
     assert set(steps) >= {0, 1, 2}
     for key in REQUIRED + ["actor/kl_loss", "actor/entropy", "val/accuracy"]:

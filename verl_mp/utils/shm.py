@@ -11,9 +11,10 @@ The life cycle here:
 1. `agree_run_id` (collective, before vLLM starts): every rank of the run uses one
    identity, ``VERL_MP_RUN_ID``: the launcher's if it set one, else rank 0's, broadcast.
    The vLLM shim puts it at the front of every communicator segment name.
-2. `sweep_stale` (before vLLM starts): removes segments whose owner is gone: vLLM
-   communicator segments and the segments listed in a dead process's record, each only
-   if no process of this user still maps it. A live run's segments are always mapped.
+2. `sweep_stale` (before vLLM starts, and by the driver after its ranks ended): removes
+   segments whose owner is gone: vLLM communicator segments, multiprocessing's named
+   semaphores, and the segments listed in a dead process's record, each only if no process
+   of this user still maps it. A live run's segments are always mapped.
 3. `record_segments` (after vLLM started): writes the segments this process maps to
    ``<tmp>/verl_mp-shm-<uid>/<pid>.json``, so that a sweep can attribute them after a kill.
 4. `release_segments` (at the end of the run, at exit, on SIGTERM): unlinks this
@@ -36,6 +37,7 @@ RUN_ID_ENV = "VERL_MP_RUN_ID"
 """The run's identity, shared by all its processes (shared-memory names start with it)."""
 SHM_DIR = "/dev/shm"
 _VLLM_COMM_MARK = "cpushm"
+_MP_SEMAPHORE = "sem.mp-"
 _atexit_registered = False
 
 
@@ -149,7 +151,10 @@ def sweep_stale() -> list[str]:
         listing = os.listdir(SHM_DIR)
     except OSError:
         return []
-    candidates |= {n for n in listing if _VLLM_COMM_MARK in n}
+    # vLLM's communicator segments, and multiprocessing's named semaphores (spawn context: a
+    # process killed before its resource tracker cleaned up leaves them): useless to everyone
+    # once no process maps them.
+    candidates |= {n for n in listing if _VLLM_COMM_MARK in n or n.startswith(_MP_SEMAPHORE)}
     record_dir = _record_dir()
     try:
         records = os.listdir(record_dir)
