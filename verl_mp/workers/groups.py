@@ -5,7 +5,8 @@ A group is a set of processes that each hold a `RankWorker` for the same roles: 
 a `LocalGroup` (this process's own worker: every rank runs the loop and makes the same
 calls). `WorkerGroups` sends each phase to the groups that host its roles, concurrently,
 and waits for all of them: one round trip per phase, counted for the step's metrics
-(``perf/driver_round_trips``, and the tensor bytes sent, ``perf/driver_sent_mb``).
+(``perf/driver_round_trips``, and the tensor bytes sent, ``perf/driver_sent_mb`` and per
+phase ``perf/driver_sent_mb/<phase>``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class WorkerGroups:
     def __init__(self, plan: RunPlan, groups: dict[str, Any]):
         self.plan, self.groups = plan, groups
         self.round_trips = 0
-        self.sent_bytes = 0
+        self.sent_bytes: dict[str, int] = {}
+        """Tensor bytes sent per phase (method) since the last `step_counters`."""
 
     # -- phases --------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling):
@@ -94,8 +96,10 @@ class WorkerGroups:
 
     def step_counters(self) -> dict[str, float]:
         """Round trips and tensor bytes sent since the last call (then reset)."""
-        out = {"perf/driver_round_trips": float(self.round_trips), "perf/driver_sent_mb": self.sent_bytes / 2**20}
-        self.round_trips = self.sent_bytes = 0
+        out = {"perf/driver_round_trips": float(self.round_trips),
+               "perf/driver_sent_mb": sum(self.sent_bytes.values()) / 2**20}
+        out.update({f"perf/driver_sent_mb/{name}": b / 2**20 for name, b in self.sent_bytes.items()})
+        self.round_trips, self.sent_bytes = 0, {}
         return out
 
     def shutdown(self) -> None:
@@ -108,17 +112,23 @@ class WorkerGroups:
         results (rank 0's of each group) in group order. One round trip."""
         names = sorted({self.plan.group_of(r) for r in roles}, key=list(self.groups).index)
         self.round_trips += 1
-        self.sent_bytes += len(names) * _tensor_bytes(args)
+        name = method.__name__
+        self.sent_bytes[name] = self.sent_bytes.get(name, 0) + len(names) * _tensor_bytes(args)
         handles = [self.groups[n].submit(method, *args) for n in names]
         return [self.groups[n].result(h) for n, h in zip(names, handles, strict=True)]
 
 
 def _tensor_bytes(obj) -> int:
-    """Bytes of the tensors in ``obj`` (an RLBatch, lists, tuples): what a call ships."""
+    """Bytes of the tensors, numbers and strings in ``obj`` (an RLBatch, lists, tuples): about
+    what a call ships (pickling adds a little)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, RLBatch):
         return sum(_tensor_bytes(v) for v in vars(obj).values())
     if isinstance(obj, (list, tuple)):
         return sum(_tensor_bytes(v) for v in obj)
+    if isinstance(obj, (int, float)):  # token ids of prompts
+        return 8
+    if isinstance(obj, str):
+        return len(obj)
     return 0
