@@ -54,9 +54,10 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
         raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
                          "trainer.launcher=ray on a Ray cluster (RAY_ADDRESS)")
-    from verl_mp.utils import shm
+    from verl_mp.utils import procs, shm
 
-    shm.ensure_run_id()  # inherited by every rank: one identity for the run's shared resources
+    procs.reap_orphaned_runs()  # processes of runs whose driver was killed
+    run_id = shm.begin_run()  # inherited by every process of the run: its identity
     started = time.monotonic()
     with StopOnSignal(lambda: request_stop(out_dir)) as stop:
         try:
@@ -65,6 +66,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
             else:
                 _run_ray(cfg, plan, stop, verbose)
         finally:
+            procs.reap_run(run_id)  # what the ranks left (a killed rank's children)
             shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg, started)
     if stop.requested:
