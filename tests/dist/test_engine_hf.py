@@ -168,7 +168,7 @@ def test_critic_learns_a_fixed_target_with_the_trainers_loss(env):
     reported, measured = fit["reported"], fit["measured"]
     print(f"critic value loss per step: {[round(x, 4) for x in reported]}")
     assert reported == pytest.approx(measured, rel=1e-5)
-    assert all(b < a for a, b in zip(reported, reported[1:])), reported
+    assert all(b < a for a, b in zip(reported, reported[1:], strict=False)), reported
     assert reported[-1] < 0.25 * reported[0], reported
 
 

@@ -43,7 +43,8 @@ def _steps_logged(log: str) -> list[int]:
 
 def _resumed_from(log: str) -> set[tuple[str, int]]:
     """(checkpoint directory name, step) of every rank's ``resuming from ... (step N)`` line."""
-    return {(os.path.basename(path), int(step)) for path, step in re.findall(r"resuming from (\S+) \(step (\d+)\)", log)}
+    found = re.findall(r"resuming from (\S+) \(step (\d+)\)", log)
+    return {(os.path.basename(path), int(step)) for path, step in found}
 
 
 def test_resume_gives_identical_metrics(tiny_run_inputs, tmp_path):
@@ -56,7 +57,8 @@ def test_resume_gives_identical_metrics(tiny_run_inputs, tmp_path):
     full = tmp_path / "full"
     run_cli(common + base_overrides(tiny_run_inputs, full, "torchrun", steps=4))
     split = tmp_path / "split"
-    run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4) + ["trainer.max_steps_this_run=2"])
+    run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4)
+            + ["trainer.max_steps_this_run=2"])
     assert not (split / "checkpoints" / "global_step_4").exists()
     first_log = _rank_log(split)
     assert _steps_logged(first_log) == [0, 1, 2] and not _resumed_from(first_log)

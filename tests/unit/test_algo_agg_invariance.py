@@ -99,9 +99,10 @@ def test_trainer_losses_invariant_to_micro_batches_and_dp(name, mode):
     for num_ranks, num_micro in [(1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]:
         loss, grads, metrics = _run(name, mode, _split(num_ranks, num_micro))
         where = (num_ranks, num_micro)
-        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5, msg=lambda m: f"{where}: {m}")
+        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5, msg=lambda m, w=where: f"{w}: {m}")
         for key, grad in grads.items():
-            torch.testing.assert_close(grad, ref_grads[key], atol=1e-6, rtol=1e-5, msg=lambda m: f"{key}: {m}")
+            torch.testing.assert_close(grad, ref_grads[key], atol=1e-6, rtol=1e-5,
+                                       msg=lambda m, k=key, w=where: f"{w} {k}: {m}")
         assert metrics.keys() == ref_metrics.keys()
         for key, value in ref_metrics.items():
             assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (where, key)

@@ -50,7 +50,8 @@ def test_scores_equal_a_direct_hf_forward(scorer):
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts + [long_text]]
     limit = 24
     assert len(ids[-1]) > limit and len({len(i) for i in ids[:3]}) == 3  # padding and truncation happen
-    want = torch.tensor([_direct_score(scorer.model, i) for i in ids[:3]] + [_direct_score(scorer.model, ids[-1][-limit:])])
+    want = torch.tensor([_direct_score(scorer.model, i) for i in ids[:3]]
+                        + [_direct_score(scorer.model, ids[-1][-limit:])])
     short = SequenceScorer(scorer.model, tok, max_length=limit, batch_size=4)
     got = torch.cat([scorer.score(texts), short.score([long_text])])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -68,7 +69,7 @@ def test_manager_adds_model_score(scorer):
     manager = RewardManager(num_workers=0, reward_model=scorer)
     prompts, responses = ["What is 1+2?\n", "What is 1+3?\n"], ["#### 3", "#### 5"]
     result = manager.score(responses, ["3", "4"], ["synthetic_arith"] * 2, prompts=prompts)
-    model_scores = scorer.score([p + r for p, r in zip(prompts, responses)])
+    model_scores = scorer.score([p + r for p, r in zip(prompts, responses, strict=True)])
     torch.testing.assert_close(result.scores, torch.tensor([1.0, 0.0]) + model_scores)
     assert result.metrics["reward/rule_score/mean"] == 0.5
     assert "reward/model_score/mean" in result.metrics

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verl_mp.cli.rank_verify import token_batch
 from verl_mp.config.optim import OptimConfig
-from verl_mp.config.schema import CriticConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.schema import CriticConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.cli.rank_verify import token_batch
 from verl_mp.workers.losses import critic_loss
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
