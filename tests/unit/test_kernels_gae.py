@@ -1,5 +1,9 @@
 """GAE kernel vs the torch reference on random ragged inputs (CPU: TRITON_INTERPRET=1).
 
+bf16 inputs are held to the fp32 tolerance: both sides compute in fp32 from the same values.
+Shown to catch what the former bf16 tolerance (1e-2) let through: a kernel that carries its
+tile-to-tile state in the input dtype (``carry_lg`` rounded to bf16) fails the 3 bf16 cases.
+
 The kernels are imported lazily at first launch, and Triton reads TRITON_INTERPRET when a
 kernel is decorated, so setting it here (at collection, before any test runs) is enough.
 """
@@ -24,7 +28,9 @@ pytestmark = [
         reason="needs CUDA, or TRITON_INTERPRET=1 before triton's import (test_kernels_fresh_process)",
     ),
 ]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+# Kernel and reference both read the (bf16 or fp32) inputs and compute in fp32: they differ
+# only in fp32 rounding order (measured <= 4.8e-7 on values up to 5), whatever the input dtype.
+TOL = 1e-5
 
 
 def ragged_inputs(
@@ -50,8 +56,8 @@ def test_gae_kernel_matches_reference(dtype, mask_dtype):
     # BLOCK_T=16: three tiles per row, so the state is carried across tiles.
     adv, ret = gae_triton(rewards, values, mask, 0.99, 0.95, block_b=2, block_t=16)
     assert adv.dtype == torch.float32 and ret.dtype == torch.float32
-    torch.testing.assert_close(adv, ref_adv, atol=TOL[dtype], rtol=0)
-    torch.testing.assert_close(ret, ref_ret, atol=TOL[dtype], rtol=0)
+    torch.testing.assert_close(adv, ref_adv, atol=TOL, rtol=0)
+    torch.testing.assert_close(ret, ref_ret, atol=TOL, rtol=0)
     assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
 
 

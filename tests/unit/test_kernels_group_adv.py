@@ -21,7 +21,9 @@ pytestmark = [
     ),
     pytest.mark.filterwarnings("ignore:a group has a single sample"),
 ]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+# Kernel and reference both read the (bf16 or fp32) inputs and compute in fp32: they differ
+# only in fp32 rounding order (measured <= 4.8e-7 on values up to 5), whatever the input dtype.
+TOL = 1e-5
 
 
 def ragged_groups(num_rows, num_steps, num_ids, dtype=torch.float32, seed=0):
@@ -44,8 +46,8 @@ def test_group_kernel_matches_reference(mode, dtype):
     adv, scores, sizes = group_advantages_triton(rewards, mask, ids, mode)
     ref_adv, ref_scores, ref_sizes = group_outcome_torch(rewards, mask, ids, mode)
     assert (sizes == ref_sizes).all() and (sizes == 1).any()
-    torch.testing.assert_close(scores, ref_scores, atol=TOL[dtype], rtol=0)
-    torch.testing.assert_close(adv, ref_adv, atol=TOL[dtype], rtol=0)
+    torch.testing.assert_close(scores, ref_scores, atol=TOL, rtol=0)
+    torch.testing.assert_close(adv, ref_adv, atol=TOL, rtol=0)
     assert (adv[~mask] == 0).all() and (adv[sizes == 1] == 0).all()
 
 

@@ -31,6 +31,32 @@ def test_scores_are_padding_invariant(scorer):
     assert len(set(batched.tolist())) == 3
 
 
+def _direct_score(model, ids: list[int]) -> float:
+    """The classifier's score of one unpadded sequence, from the backbone's last hidden
+    state at its last token and the score head (no padding, no pad-token lookup)."""
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([ids])).last_hidden_state  # [1, L, H]
+        return float(model.score(hidden[0, -1]))
+
+
+def test_scores_equal_a_direct_hf_forward(scorer):
+    """Batched scores equal the model's own head on each text alone; a text longer than
+    ``max_length`` is scored on its last ``max_length`` tokens (the response end).
+    Shown to fail with ``truncation_side = "right"`` (the long text) and without
+    ``model.config.pad_token_id`` (HF then reads the last, padded position)."""
+    texts = ["What is 1+2?\n#### 3", "#### 85", "What is 12+30? Let's think step by step.\n#### 42"]
+    long_text = "What is 7+8? " * 12 + "#### 15"
+    tok = scorer.tokenizer
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts + [long_text]]
+    limit = 24
+    assert len(ids[-1]) > limit and len({len(i) for i in ids[:3]}) == 3  # padding and truncation happen
+    want = torch.tensor([_direct_score(scorer.model, i) for i in ids[:3]]
+                        + [_direct_score(scorer.model, ids[-1][-limit:])])
+    short = SequenceScorer(scorer.model, tok, max_length=limit, batch_size=4)
+    got = torch.cat([scorer.score(texts), short.score([long_text])])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_multi_label_model():
     tokenizer = build_tiny_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
@@ -43,7 +69,7 @@ def test_manager_adds_model_score(scorer):
     manager = RewardManager(num_workers=0, reward_model=scorer)
     prompts, responses = ["What is 1+2?\n", "What is 1+3?\n"], ["#### 3", "#### 5"]
     result = manager.score(responses, ["3", "4"], ["synthetic_arith"] * 2, prompts=prompts)
-    model_scores = scorer.score([p + r for p, r in zip(prompts, responses)])
+    model_scores = scorer.score([p + r for p, r in zip(prompts, responses, strict=True)])
     torch.testing.assert_close(result.scores, torch.tensor([1.0, 0.0]) + model_scores)
     assert result.metrics["reward/rule_score/mean"] == 0.5
     assert "reward/model_score/mean" in result.metrics

@@ -1,4 +1,5 @@
-"""Device memory per phase, for the step's metrics (GPU only; empty on CPU).
+"""Device memory per phase, for the step's metrics (GPU only; empty on CPU), and the peak
+tensor memory of one call measured on real tensors (`peak_allocated_bytes`, CPU and GPU).
 
 ``memory/<phase>/<when>_{allocated,reserved,free}_gib``: what PyTorch's caching allocator
 holds for tensors (allocated), what it holds in all (reserved: allocated plus cached
@@ -9,9 +10,15 @@ weights live outside PyTorch's caching allocator). The peak of the phase is
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 GIB = 2**30
 
@@ -37,3 +44,57 @@ def tracked(phase: str, metrics: dict[str, float]):
     yield
     metrics[f"memory/{phase}/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
     metrics.update(snapshot(phase, "after"))
+
+
+def peak_allocated_bytes(fn: Callable[[], Any]) -> int:
+    """The most tensor memory ``fn()`` held at once beyond what was live when it started,
+    measured on real tensors (not on anyone's own bookkeeping).
+
+    CUDA: the caching allocator's peak statistic. CPU (no allocator statistics there, and the
+    profiler misses frees on other threads, e.g. gloo's): every storage an aten op creates
+    inside ``fn`` (`_LiveStorages`) counts from its creation until it is freed, whichever
+    thread frees it. Not seen on CPU: buffers C++ code allocates and frees internally
+    (gloo's flattened all-gather output), and memory of other allocators (vLLM's).
+    """
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    with _LiveStorages() as live:
+        fn()
+    return live.peak_bytes
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Live bytes of the storages that ops create while the mode is on: an op's output
+    whose storage is none of its inputs' is new; a finalizer on the storage (PyTorch keeps
+    one Python object per storage) subtracts its bytes when the storage dies."""
+
+    def __init__(self):
+        super().__init__()
+        self.live_bytes = self.peak_bytes = 0
+        self._lock = threading.Lock()
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.live_bytes -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            storage = t.untyped_storage()
+            if id(storage) in inputs or getattr(storage, "_verl_mp_counted", False):
+                continue
+            storage._verl_mp_counted = True
+            nbytes = storage.nbytes()
+            weakref.finalize(storage, self._freed, nbytes)
+            with self._lock:
+                self.live_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out

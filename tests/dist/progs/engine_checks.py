@@ -11,6 +11,8 @@ Checks (``--checks``, comma separated):
   step's metrics and the log-probs after it. ``resume`` does the same from the saved
   checkpoint at this (different) layout.
 - ``offload``: params/grads/optimizer offload frees the storages and restores them exactly.
+- ``critic_fit``: a critic trained with the trainer's own value loss
+  (`verl_mp.workers.losses.critic_loss`) on a fixed, learnable target: the loss of every step.
 """
 
 import argparse
@@ -22,11 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verl_mp.cli.rank_verify import token_batch
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.schema import CriticConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.cli.rank_verify import token_batch
+from verl_mp.workers.losses import critic_loss
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 BATCH = 7  # odd: uneven data-parallel slices
@@ -141,6 +145,26 @@ class Runner:
         before = self.lp(engine, 1)
         metrics = engine.train_step(b1, pg_loss(b1), with_entropy=True)
         return dict(before=before.tolist(), metrics=metrics, after=self.lp(engine, 1).tolist())
+
+    def check_critic_fit(self, steps: int = 8):
+        """PPO's critic update on one fixed batch whose return is +1 at even and -1 at odd
+        tokens (learnable: a position sees its own token). As in PPO, the old values of each
+        update are the critic's values just before it. Records, per step, the loss the
+        trainer's loss reports and 0.5 * mean squared error of those old values in float64."""
+        critic = self.engine("llama", role="critic")
+        b = batch_for(self.vocab(critic), 3)
+        b["returns"] = (b["input_ids"] % 2 == 0).float() * 2 - 1
+        mask = b["response_mask"]
+        tokens = float(mask.sum())
+        seqs = float((mask.sum(-1) > 0).sum())
+        reported, measured = [], []
+        for _ in range(steps):
+            b["values"] = critic.compute_values(b["input_ids"], b["attention_mask"]).float()
+            err = (b["values"].double() - b["returns"].double()) ** 2
+            measured.append(float(0.5 * (err * mask).sum() / tokens))
+            loss_fn = critic_loss(CriticConfig(cliprange_value=0.5), tokens, seqs, b["input_ids"].shape[1])
+            reported.append(critic.train_step(b, loss_fn)["vf_loss"])
+        self.results["critic_fit"] = dict(reported=reported, measured=measured)
 
     def check_offload(self):
         engine = self.engine("qwen2", role="actor", dtype="bf16")

@@ -12,7 +12,8 @@ HF tensors (from the ``gather`` sync) by vLLM's documented TP rules:
 - everything else whole.
 The ``gather`` sync's full HF tensors themselves must equal the (untrained) checkpoint's,
 bit for bit. Writes JSON: per architecture the largest difference, the tensor counts, the shapes
-`planned_shapes` promised, and the sync's TP-gather bytes and memory high-water mark.
+`planned_shapes` promised, and the sync's TP-gather bytes; with ``--memory-model``, the memory
+both modes hold at most, measured on real tensors (`measured_peak`).
 """
 
 import argparse
@@ -21,10 +22,11 @@ import json
 import torch
 import torch.distributed as dist
 
+from verl_mp.bridge.weight_sync import WeightSync
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
-from verl_mp.bridge.weight_sync import WeightSync
+from verl_mp.utils.memory import peak_allocated_bytes
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight")
@@ -70,12 +72,39 @@ def load_checkpoint_tensors(path: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def measured_peak(sync: WeightSync) -> dict[str, int]:
+    """One whole sync consumed as vLLM's loaders consume it (a ``for`` loop: the loop
+    variable still holds the last tensor while the next one is produced): the most tensor
+    bytes it held at once on PyTorch's allocator (`peak_allocated_bytes`), the sync's own
+    count of the same, the bytes it moved, and the sizes the bound is made of."""
+    def for_loop():
+        for _name, _tensor in sync.iter_weights():
+            pass
+
+    measured = peak_allocated_bytes(for_loop)
+    tp = sync.state.tp_size
+    return {"measured": measured, "counted": sync.last_stats.peak_transient_bytes,
+            "bytes_synced": sync.last_stats.bytes_synced, "bucket_bytes": sync.bucket_bytes,
+            "largest_entry_bytes": max(e.numel * sync.dtype.itemsize for s in sync.stage_entries for e in s),
+            "largest_gathered_bytes": max((i.param.numel() * i.param.element_size() * tp
+                                           for i in sync.infos if sync._gathers(i)), default=0)}
+
+
+def memory(path: str, parallel: ParallelConfig) -> dict[str, dict[str, int]]:
+    """`measured_peak` of both sync modes on a model of many buckets (0.1 MiB each)."""
+    engine = MegatronEngine(EngineConfig(model_path=path, role="ref", parallel=parallel, micro_batch_size=2))
+    engine.load_hf()
+    return {mode: measured_peak(WeightSync(engine.spec, engine.chunks, engine.state, 0.1, mode))
+            for mode in ("local", "gather")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tp", type=int, required=True)
     p.add_argument("--pp", type=int, required=True)
     p.add_argument("--models", required=True, help="folder with one tiny checkpoint per architecture")
     p.add_argument("--vpp", type=int, default=None, help="virtual pipeline chunks per stage")
+    p.add_argument("--memory-model", default=None, help="a checkpoint of many buckets for the memory check")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     results = {}
@@ -93,10 +122,6 @@ def main() -> None:
         state = engine.state
         want = expected_vllm_shards(full, engine.spec, state.tp_rank, state.tp_size)
         stats = local_sync.last_stats
-        vocab_names = ("embedding.word_embeddings.weight", "output_layer.weight")
-        largest_gathered_vocab = max((i.param.numel() * i.param.element_size() * state.tp_size
-                                      for i in local_sync.infos
-                                      if i.tp_dim is not None and i.global_name in vocab_names), default=0)
         row = {
             "gather_equals_checkpoint": sorted(full) == sorted(original)
             and all(torch.equal(full[n], original[n]) for n in original),
@@ -107,15 +132,18 @@ def main() -> None:
             "planned_equal": planned == {n: tuple(t.shape) for n, t in got.items()},
             "vocab_multiple_of_64": engine.spec.vocab_size % 64 == 0,
             "tp_gathered_bytes": stats.tp_gathered_bytes,
-            "peak_transient_bytes": stats.peak_transient_bytes,
-            "bucket_bytes": local_sync.bucket_bytes,
-            "largest_gathered_vocab_bytes": largest_gathered_vocab,
             "num_tensors": len(got),
             "num_buckets": stats.num_buckets,
         }
         rows = [None] * dist.get_world_size()
         dist.all_gather_object(rows, row)
         results[arch] = rows
+    if a.memory_model:
+        parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                                  virtual_pipeline_model_parallel_size=a.vpp)
+        rows = [None] * dist.get_world_size()
+        dist.all_gather_object(rows, memory(a.memory_model, parallel))
+        results["memory"] = rows
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(results, f)
