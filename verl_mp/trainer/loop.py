@@ -121,6 +121,7 @@ class RLTrainer:
         metrics.update(fwd.metrics)
         gap = steps.logprob_gap_metrics(batch)
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
+        metrics.update(steps.apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
         metrics.update(steps.compute_rewards(batch, cfg.algorithm, self.kl_ctrl))
         baseline = self._greedy_baseline(prompts) if self.spec.needs_greedy_baseline else None
         with self._phase("adv"):
@@ -156,10 +157,12 @@ class RLTrainer:
     # -- phases ------------------------------------------------------------------------------
     def _sampling(self, step: int):
         # Seeds derive from (trainer.seed, step) so that a resumed run samples exactly
-        # what the uninterrupted run would have. Log-probs only on the steps that use them.
+        # what the uninterrupted run would have. Log-probs only on the steps that use them:
+        # every step with a rollout correction.
         freq = self.cfg.rollout.logprob_gap_freq
+        gap = bool(freq) and (step % freq == 0 or step == 1)
         return replace(self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step * 10_007,
-                       logprobs=bool(freq) and (step % freq == 0 or step == 1))
+                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled)
 
     def _score(self, batch: RLBatch, prompts: PromptBatch, response_ids: list[list[int]]) -> dict[str, float]:
         texts = self.inputs.tokenizer.batch_decode(response_ids, skip_special_tokens=True)

@@ -126,6 +126,28 @@ def _check_names(cfg: RootConfig) -> None:
                                 ("actor.kl_loss_type", KL_ESTIMATORS, cfg.actor.kl_loss_type),
                                 ("algorithm.kl_penalty", KL_ESTIMATORS, cfg.algorithm.kl_penalty)):
         _check_name(key, registry, name)
+    _check_rollout_correction(cfg)
+
+
+def _check_rollout_correction(cfg: RootConfig) -> None:
+    """Correction levels resolve, and the policy loss takes the weights they produce."""
+    import inspect
+
+    from verl_mp.algo import POLICY_LOSSES, ROLLOUT_IS, ROLLOUT_MASKS
+    from verl_mp.config.schema import CORRECTION_OFF
+
+    rc = cfg.algorithm.rollout_correction
+    for key, registry, name in (("algorithm.rollout_correction.is_level", ROLLOUT_IS, rc.is_level),
+                                ("algorithm.rollout_correction.mask_level", ROLLOUT_MASKS, rc.mask_level)):
+        if name != CORRECTION_OFF:
+            _check_name(key, registry, name)
+    if not rc.enabled:
+        return
+    params = inspect.signature(POLICY_LOSSES[cfg.actor.policy_loss]).parameters
+    if "token_weights" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise ValueError(f"actor.policy_loss={cfg.actor.policy_loss!r} takes no token_weights argument, which "
+                         "algorithm.rollout_correction passes (per-token weights multiplying the loss before "
+                         "aggregation); add it to the plugin or turn the correction off")
 
 
 def _check_name(key: str, registry, name: str) -> None:

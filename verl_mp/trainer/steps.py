@@ -16,8 +16,9 @@ from verl_mp.algo import (
     apply_kl_penalty,
     estimator_spec,
     explained_variance,
+    rollout_correction,
 )
-from verl_mp.config.schema import AlgorithmConfig
+from verl_mp.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
@@ -73,6 +74,21 @@ def compute_advantages(batch: RLBatch, algo: AlgorithmConfig, baseline_rewards: 
     batch.advantages, batch.returns = fn(**kwargs)
     check_finite({"advantages": batch.advantages, "returns": batch.returns}, "advantages",
                  hint=f"algorithm.adv_estimator={algo.adv_estimator!r}")
+
+
+def apply_rollout_correction(batch: RLBatch, cfg: RolloutCorrectionConfig) -> dict[str, float]:
+    """Fill ``batch.rollout_weights`` [B, T] from the trainer's old log-probs and the
+    rollout's (over the whole batch, once, before it is split into mini-batches)."""
+    if not cfg.enabled:
+        return {}
+    batch.require("old_log_probs")
+    if batch.rollout_log_probs is None:
+        raise RuntimeError("algorithm.rollout_correction needs the rollout's log-probs, but this step's rollout "
+                           "returned none (the trainer asks for them on every step when a correction is on)")
+    batch.rollout_weights, metrics = rollout_correction(
+        batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, is_level=cfg.is_level,
+        is_threshold=cfg.is_threshold, mask_level=cfg.mask_level, mask_low=cfg.mask_low, mask_high=cfg.mask_high)
+    return metrics
 
 
 def check_finite(values: dict, phase: str, hint: str = "") -> None:

@@ -151,7 +151,8 @@ class RankWorker:
             start = time.perf_counter()
             loss_cfg = self.plan.actor_loss
             batch.require("old_log_probs", "advantages")
-            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else [])
+            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
+                + (["rollout_weights"] if batch.rollout_weights is not None else [])
             metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
                                         mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
                                         make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
