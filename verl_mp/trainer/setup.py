@@ -80,7 +80,8 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_paths(cfg)
     spec = _model_spec(cfg.model.path)
     dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
-    validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
+    validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
+    _check_rollout_pool(cfg, placement)
     # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
@@ -95,6 +96,23 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_reward_fns(cfg)
     _check_fits(cfg, spec)
     return build_plan(cfg, placement)
+
+
+def _check_rollout_pool(cfg: RootConfig, placement) -> None:
+    """A rollout on its own pool, off-policy steps and dynamic sampling: what they need."""
+    apart = not placement.colocated("rollout")
+    if apart and cfg.rollout.weight_sync_mode == "local":
+        raise ValueError(f"rollout.weight_sync_mode=local copies shards inside the actor's processes, but "
+                         f"trainer.placement.roles.rollout={placement.roles['rollout']!r} puts the rollout on ranks "
+                         "of its own (the weights travel over the collective backend); use auto or gather")
+    if cfg.trainer.off_policy_steps and not apart:
+        raise ValueError(f"trainer.off_policy_steps={cfg.trainer.off_policy_steps} needs the rollout on a pool of its "
+                         "own, so that generation can run while the actor trains: add trainer.placement.pools.<name>="
+                         "[ranks] and trainer.placement.roles.rollout=<name> (trainer.launcher=ray), or set "
+                         "trainer.off_policy_steps=0")
+    if cfg.data.filter_groups.enable and cfg.rollout.sampling.n < 2:
+        raise ValueError("data.filter_groups.enable=true drops groups whose samples all got the same reward, which "
+                         f"needs groups: rollout.sampling.n={cfg.rollout.sampling.n} must be >= 2")
 
 
 def _check_fits(cfg: RootConfig, spec) -> None:
