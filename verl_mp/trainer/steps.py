@@ -118,17 +118,32 @@ def response_metrics(batch: RLBatch, out: RolloutOutput) -> dict[str, float]:
     return m
 
 
-def logprob_gap_metrics(batch: RLBatch) -> dict[str, float]:
-    """|rollout log-prob - trainer old log-prob| over real response tokens ({} on steps
-    whose rollout returned no log-probs)."""
+def logprob_gap_metrics(batch: RLBatch, rows: torch.Tensor | None = None) -> dict[str, float]:
+    """|rollout log-prob - trainer old log-prob| over real response tokens of ``rows`` ([B]
+    bool, default all: the on-policy samples, whose gap measures the weight sync and the
+    numerics, not staleness). {} on steps whose rollout returned no log-probs, or without
+    such samples (off-policy steady state)."""
     if batch.rollout_log_probs is None:
         return {}
     batch.require("old_log_probs")
     mask = batch.response_mask > 0
+    if rows is not None:
+        if not rows.any():
+            return {}
+        mask = mask & rows[:, None]
     if not mask.any():
         return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
     diff = (batch.rollout_log_probs - batch.old_log_probs).abs()[mask]
     return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}
+
+
+def staleness_metrics(batch: RLBatch, step: int) -> dict[str, float]:
+    """How many updates separate the weights that generated each sample from the actor that
+    trains on it at ``step`` (version step-1): mean and max over samples."""
+    if batch.weight_versions is None:
+        return {}
+    stale = (step - 1 - batch.weight_versions).float()
+    return {"rollout/staleness_mean": stale.mean().item(), "rollout/staleness_max": stale.max().item()}
 
 
 def check_logprob_gap(metrics: dict[str, float], threshold: float | None, step: int) -> None:
