@@ -147,15 +147,17 @@ class RLTrainer:
         with self._phase("weight_sync"):
             metrics.update(self.workers.sync_weights())
         self.source.synced(step)
-        for out in self.source.finished_outputs():  # done: the sync queued behind them
-            self.clock.generation(out.wall_start, out.wall_end)
         metrics.update(gap, **steps.response_metrics(batch, samples.out), **steps.advantage_metrics(batch))
-        metrics.update(self.workers.step_counters())
-        metrics.update(self.timer.metrics())
-        metrics.update(self.clock.step_metrics((window_start, time.time())))
+        return {**metrics, **self._speed_metrics(batch, samples.out, window_start)}
+
+    def _speed_metrics(self, batch: RLBatch, out: RolloutOutput, window_start: float) -> dict[str, float]:
+        """Round trips, phase times, each pool's idle time and overlap, throughput, FLOPs."""
+        for pending in self.source.finished_outputs():  # done: the sync queued behind them
+            self.clock.generation(pending.wall_start, pending.wall_end)
+        metrics = {**self.workers.step_counters(), **self.timer.metrics(),
+                   **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
-        metrics["timing/generate_tokens_per_s"] = samples.out.num_tokens / max(
-            samples.out.wall_end - samples.out.wall_start, 1e-9)
+        metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(out.wall_end - out.wall_start, 1e-9)
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
 
