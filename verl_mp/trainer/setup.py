@@ -110,6 +110,13 @@ def _check_rollout_pool(cfg: RootConfig, placement) -> None:
                          "own, so that generation can run while the actor trains: add trainer.placement.pools.<name>="
                          "[ranks] and trainer.placement.roles.rollout=<name> (trainer.launcher=ray), or set "
                          "trainer.off_policy_steps=0")
+    if cfg.trainer.off_policy_steps and not cfg.algorithm.rollout_correction.enabled:
+        logger.warning("trainer.off_policy_steps=%d trains on samples of older weights without a correction; "
+                       "consider algorithm.rollout_correction.is_level=token", cfg.trainer.off_policy_steps)
+    if cfg.trainer.off_policy_steps > 1:
+        logger.warning("trainer.off_policy_steps=%d: the weight sync waits for the generations in flight, so "
+                       "more than 1 step ahead adds staleness but no overlap (docs/rollout.md)",
+                       cfg.trainer.off_policy_steps)
     if cfg.data.filter_groups.enable and cfg.rollout.sampling.n < 2:
         raise ValueError("data.filter_groups.enable=true drops groups whose samples all got the same reward, which "
                          f"needs groups: rollout.sampling.n={cfg.rollout.sampling.n} must be >= 2")
