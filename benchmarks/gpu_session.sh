@@ -13,9 +13,13 @@
 #                  torchrun and under Ray, side by side, and the Ray GPU test (tests/gpu/test_ray_gpu.py).
 #   memory       : carry .whl only: benchmarks/engine_memory.py, the planner vs measured engine peaks.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
+#   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
+#                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
+#   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
+#                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -100,6 +104,35 @@ run_train() {  # the fused-kernel engine test, then a short GRPO run of the real
   echo "grpo rc=$?"; python3 benchmarks/grpo_table.py "$OUT/grpo/metrics.jsonl" 2>/dev/null
 }
 
+run_transfer() {  # issue 16: the weight channel's seconds per GB over NCCL between two GPUs
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  [ "$ngpu" -ge 2 ] || { echo "transfer needs 2 GPUs"; return 1; }
+  for gb in 3 15; do  # ~ Qwen2-1.5B and Qwen2-7B in bf16
+    CUDA_VISIBLE_DEVICES=0,1 timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+      benchmarks/weight_transfer.py --gb $gb --check --iters 3 --out "$OUT/transfer_${gb}gb.json" \
+      > "$OUT/transfer_${gb}gb.log" 2>&1
+    echo "transfer ${gb}GB rc=$?"; grep -E '^[{]' "$OUT/transfer_${gb}gb.log" | cut -c1-300
+  done
+}
+
+run_offpolicy() {  # issue 16: rollout on its own GPU, off-policy 0/1, vs colocated (0.5B body, 6 steps)
+  setup_python
+  [ -d /tmp/raysite ] || bash ray-kit/install.sh ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 || exit 1
+  export PYTHONPATH=/tmp/raysite:$PYTHONPATH
+  [ "$ngpu" -ge 2 ] || { echo "offpolicy needs 2 GPUs"; return 1; }
+  CUDA_VISIBLE_DEVICES=0 STEPS=6 timeout 280 bash benchmarks/gpu_grpo.sh "$OUT/colocated" > "$OUT/colocated.log" 2>&1
+  echo "colocated rc=$?"; python3 benchmarks/grpo_table.py "$OUT/colocated/metrics.jsonl" 2>/dev/null
+  for k in 0 1; do
+    CUDA_VISIBLE_DEVICES=0,1 STEPS=6 LAUNCHER=ray timeout 280 bash benchmarks/gpu_grpo.sh "$OUT/split_k$k" \
+      "trainer.placement.pools.gen=[1]" trainer.placement.roles.rollout=gen trainer.off_policy_steps=$k \
+      algorithm.rollout_correction.is_level=token > "$OUT/split_k$k.log" 2>&1
+    echo "split k=$k rc=$?"; python3 benchmarks/grpo_table.py "$OUT/split_k$k/metrics.jsonl" 2>/dev/null
+  done
+}
+
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   grpo21) run_grpo21 "${2:-0.4}" ;;
@@ -107,6 +140,8 @@ case "$phase" in
   launchers) run_launchers ;;
   main) run_main ;;
   train) run_train ;;
+  transfer) run_transfer ;;
+  offpolicy) run_offpolicy ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1

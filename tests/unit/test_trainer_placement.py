@@ -24,7 +24,7 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.critic=[1]", "trainer.
     (["trainer.launcher=ray", "trainer.placement.roles.critic=nope"],
      r"trainer.placement.roles.critic='nope' is not a pool; defined pools: \['global'\]"),
     (["trainer.launcher=ray", "trainer.placement.roles.judge=global"],
-     r"trainer.placement.roles.judge: unknown role; valid roles: \['actor_rollout_ref', 'critic', 'reward_model'\]"),
+     r"trainer.placement.roles.judge: unknown role; valid roles: \['actor_rollout_ref', 'critic', 'reward_model', 'rollout'\]"),
     (["trainer.placement.pools.critic=[1]", "trainer.placement.roles.critic=critic"],
      r"puts \['critic'\] on a pool apart from actor_rollout_ref, which needs trainer.launcher=ray"),
     (["trainer.launcher=ray", "trainer.placement.pools.train=[4]", "trainer.placement.roles.actor_rollout_ref=train"],
@@ -79,7 +79,8 @@ def test_default_is_one_colocated_pool():
 def test_split_preset_resolves():
     cfg = load_config("ppo_split", ["trainer.nproc=4", "trainer.placement.pools.critic=[2, 2]"])
     p = _placement(cfg)
-    assert p.roles == {"actor_rollout_ref": "global", "critic": "critic", "reward_model": "global"}
+    assert p.roles == {"actor_rollout_ref": "global", "critic": "critic", "reward_model": "global",
+                       "rollout": "global"}
     assert p.pool_size("critic") == 4 and p.node_counts("critic") == [2, 2] and p.multi_node
     assert not p.colocated("critic") and p.num_ranks == 8
     assert cfg.critic.megatron.tensor_model_parallel_size == 1

@@ -10,6 +10,8 @@ a name (or a ``"module:function"`` plugin path) to a function of a fixed signatu
 - `POLICY_LOSSES`: ``(log_probs, old_log_probs, advantages, response_mask, *, clip_low,
   clip_high, clip_ratio_c, loss_agg_mode, ...) -> (loss, metrics)``
 - `KL_ESTIMATORS`: ``(log_probs, ref_log_probs) -> kl [B, T]``
+- `ROLLOUT_IS`, `ROLLOUT_MASKS`: importance weights and rejection masks for the mismatch
+  between the rollout's policy and the trainer's (`rollout_correction` composes them)
 
 See docs/algorithms.md for formulas and the contract for global token counts.
 """
@@ -41,6 +43,7 @@ from verl_mp.algo.kl import (
 )
 from verl_mp.algo.policy_loss import POLICY_LOSSES, clipped_surrogate, gspo, pg, ppo
 from verl_mp.algo.registry import Registry, UnknownNameError, resolve
+from verl_mp.algo.rollout_correction import ROLLOUT_IS, ROLLOUT_MASKS, rollout_correction
 from verl_mp.algo.utils import masked_mean, masked_whiten
 
 __all__ = [
@@ -52,6 +55,8 @@ __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "ROLLOUT_IS",
+    "ROLLOUT_MASKS",
     "AdaptiveKLController",
     "FixedKLController",
     "Registry",
@@ -79,5 +84,6 @@ __all__ = [
     "remax",
     "resolve",
     "rloo",
+    "rollout_correction",
     "value_loss",
 ]

@@ -1,6 +1,11 @@
 """Policy losses: ``POLICY_LOSSES[name](log_probs, old_log_probs, advantages, response_mask,
 *, clip_low, clip_high, clip_ratio_c, loss_agg_mode, global_num_tokens=None,
-global_num_seqs=None, max_response_len=None) -> (loss, metrics)``.
+global_num_seqs=None, max_response_len=None, token_weights=None) -> (loss, metrics)``.
+
+``token_weights`` `[B, T]` (None: all 1) are constants multiplying the per-token loss
+before aggregation: the rollout corrections' importance weights and rejection masks
+(`verl_mp.algo.rollout_correction`). The trainer passes it only when a correction is on,
+so a plugin without the argument works until one is turned on (preflight then says so).
 
 Inputs are `[B, T]`; the loss is a 0-dim fp32 tensor aggregated by `agg_loss` (the count
 arguments are passed through; see `verl_mp.algo.agg` for how a trainer fills them).
@@ -58,6 +63,16 @@ def clipped_surrogate(
     return loss, clipped, dual
 
 
+def _weighted(loss_mat: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """``loss_mat * token_weights`` (constants), or ``loss_mat`` when there are none."""
+    if token_weights is None:
+        return loss_mat
+    if token_weights.shape != loss_mat.shape:
+        raise ValueError(f"token_weights shape {tuple(token_weights.shape)} != log_probs shape "
+                         f"{tuple(loss_mat.shape)}")
+    return loss_mat * token_weights.detach().float()
+
+
 def _check_shapes(log_probs, old_log_probs, advantages, response_mask) -> None:
     for name, t in (
         ("old_log_probs", old_log_probs),
@@ -84,6 +99,7 @@ def ppo(
     global_num_tokens=None,
     global_num_seqs=None,
     max_response_len=None,
+    token_weights=None,
 ):
     """PPO clipped surrogate; ratio = exp(log_probs - old_log_probs) per token.
 
@@ -103,7 +119,7 @@ def ppo(
     metrics["clipfrac"] = masked_mean(clipped.float(), response_mask).detach()
     metrics["clipfrac_lower"] = masked_mean(dual.float(), response_mask).detach()
     loss = agg_loss(
-        loss_mat,
+        _weighted(loss_mat, token_weights),
         response_mask,
         loss_agg_mode,
         global_num_tokens=global_num_tokens,
@@ -127,6 +143,7 @@ def gspo(
     global_num_tokens=None,
     global_num_seqs=None,
     max_response_len=None,
+    token_weights=None,
 ):
     """GSPO: clip the sequence-level ratio s_i = exp(mean_t(log_probs - old_log_probs)).
 
@@ -147,7 +164,7 @@ def gspo(
     metrics["clipfrac"] = masked_mean(clipped.float(), response_mask).detach()
     metrics["clipfrac_lower"] = torch.zeros((), device=log_probs.device)
     loss = agg_loss(
-        loss_mat,
+        _weighted(loss_mat, token_weights),
         response_mask,
         loss_agg_mode,
         global_num_tokens=global_num_tokens,
@@ -171,6 +188,7 @@ def pg(
     global_num_tokens=None,
     global_num_seqs=None,
     max_response_len=None,
+    token_weights=None,
 ):
     """Plain policy gradient (REINFORCE): loss = -advantages * log_probs, no ratio, no
     clipping (the clip arguments are unused; `old_log_probs` feeds the metrics only)."""
@@ -184,7 +202,7 @@ def pg(
     metrics["clipfrac"] = torch.zeros((), device=log_probs.device)
     metrics["clipfrac_lower"] = torch.zeros((), device=log_probs.device)
     loss = agg_loss(
-        loss_mat,
+        _weighted(loss_mat, token_weights),
         response_mask,
         loss_agg_mode,
         global_num_tokens=global_num_tokens,

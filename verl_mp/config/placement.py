@@ -8,6 +8,12 @@ its `RankWorker` processes; a role on another pool gets its own Ray worker group
 (split placement). Example (PPO, critic on 4 ranks of its own)::
 
     trainer.placement.pools.critic=[4] trainer.placement.roles.critic=critic
+
+The rollout (vLLM) may have a pool of its own too: it then runs at its own TP on those
+ranks, receives the actor's weights after every update over the collective backend, and
+may generate ahead of training (``trainer.off_policy_steps``)::
+
+    trainer.placement.pools.gen=[2] trainer.placement.roles.rollout=gen
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor_rollout_ref", "critic", "reward_model")
+ROLES = ("actor_rollout_ref", "critic", "reward_model", "rollout")
 DEFAULT_POOL = "global"
 
 
@@ -28,9 +34,9 @@ class PlacementConfig:
     [trainer.nproc]) exists without being listed. The pool of actor_rollout_ref must have
     that shape: trainer.nproc and trainer.nnodes describe the actor's ranks."""
     roles: dict[str, str] = field(default_factory=dict)
-    """Role (actor_rollout_ref, critic, reward_model) -> pool name. actor_rollout_ref
-    defaults to ``global``; critic and reward_model default to the actor's pool
-    (colocated). A role on another pool needs trainer.launcher=ray."""
+    """Role (actor_rollout_ref, critic, reward_model, rollout) -> pool name.
+    actor_rollout_ref defaults to ``global``; critic, reward_model and rollout default to
+    the actor's pool (colocated). A role on another pool needs trainer.launcher=ray."""
 
 
 @dataclass(frozen=True)
@@ -96,16 +102,16 @@ def _check_actor_pool(placement: Placement, t) -> None:
 
 
 def _check_use(placement: Placement, t, enabled: dict[str, bool]) -> None:
-    used = {placement.roles[r] for r in ROLES if enabled[r]}
+    used = {placement.roles[r] for r in ROLES if enabled.get(r)}
     unused = sorted(set(placement.pools) - used)
     if unused:
         raise ValueError(f"trainer.placement.pools {unused} host no role of this run (critic enabled: "
                          f"{enabled['critic']}, reward_model.enable: {enabled['reward_model']}); "
                          "remove them or map a role to them")
     for role in ("critic", "reward_model"):
-        if not enabled[role] and role in t.placement.roles:
+        if not enabled.get(role) and role in t.placement.roles:
             logger.warning("trainer.placement.roles.%s has no effect: this run has no %s", role, role)
-    split = [r for r in ROLES if enabled[r] and not placement.colocated(r)]
+    split = [r for r in ROLES if enabled.get(r) and not placement.colocated(r)]
     if split and t.launcher != "ray":
         raise ValueError(
             f"trainer.placement puts {split} on a pool apart from actor_rollout_ref, which needs "

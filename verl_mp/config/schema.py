@@ -39,6 +39,24 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class FilterGroupsConfig:
+    """Dynamic sampling (DAPO): groups whose samples all got the same reward carry no
+    learning signal under group-relative advantages (their advantages are 0), so they are
+    dropped and the step is refilled with groups of new prompts."""
+
+    enable: bool = False
+    """Turn dynamic sampling on (GRPO-style groups: rollout.sampling.n > 1)."""
+    max_extra_rounds: int = 2
+    """Generation rounds of data.train_batch_size new prompts each, at most, that a step may
+    add to refill the dropped groups. When the rounds are used up the batch is topped up
+    with dropped groups (their advantages are 0) and filter/topped_up_groups counts them."""
+
+    def __post_init__(self) -> None:
+        if self.max_extra_rounds < 0:
+            raise ValueError(f"data.filter_groups.max_extra_rounds={self.max_extra_rounds} must be >= 0")
+
+
+@dataclass(kw_only=True)
 class DataConfig:
     train_files: list[str] = field(default_factory=list)
     """Parquet prompt files (verl schema). Empty with an empty model.path: the embedded
@@ -54,6 +72,8 @@ class DataConfig:
     seed: int = 0
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first one."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """Drop groups of equal rewards and refill the batch (needs rollout.sampling.n > 1)."""
 
 
 ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
@@ -177,6 +197,45 @@ class KLControlConfig:
     horizon: int = 10000
 
 
+CORRECTION_OFF = "none"
+
+
+@dataclass(kw_only=True)
+class RolloutCorrectionConfig:
+    """Corrections for the mismatch between the rollout's policy (other kernels, and with
+    trainer.off_policy_steps > 0 older weights) and the actor's before the update
+    (`verl_mp.algo.rollout_correction`). Per token the ratio r = pi_old / pi_rollout
+    becomes a weight that multiplies the policy-gradient term. Turning one on makes the
+    rollout return its log-probs on every step."""
+
+    is_level: str = CORRECTION_OFF
+    """Importance weights: ``none``, ``token`` (truncated IS, min(r_t, is_threshold)),
+    ``sequence`` (min(prod_t r_t, is_threshold) on every token of a sample), or a
+    ``module:function`` plugin (verl_mp.algo.ROLLOUT_IS's signature)."""
+    is_threshold: float = 2.0
+    """Upper truncation of the importance weights (> 0)."""
+    mask_level: str = CORRECTION_OFF
+    """Rejection: ``none``, ``token`` (weight 0 on tokens whose r_t leaves [mask_low,
+    mask_high]), ``sequence`` (weight 0 on samples whose geometric-mean ratio leaves it), or
+    a ``module:function`` plugin (verl_mp.algo.ROLLOUT_MASKS's signature). Masked tokens
+    still count in the loss's normalisers, like any weight."""
+    mask_low: float = 0.5
+    """Lower end of the band of ratios kept by mask_level (>= 0)."""
+    mask_high: float = 2.0
+    """Upper end of the band of ratios kept by mask_level (> mask_low)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.is_level != CORRECTION_OFF or self.mask_level != CORRECTION_OFF
+
+    def __post_init__(self) -> None:
+        if self.is_threshold <= 0:
+            raise ValueError(f"algorithm.rollout_correction.is_threshold={self.is_threshold} must be > 0")
+        if not 0 <= self.mask_low < self.mask_high:
+            raise ValueError(f"algorithm.rollout_correction.mask_low={self.mask_low} and mask_high="
+                             f"{self.mask_high} must satisfy 0 <= mask_low < mask_high")
+
+
 @dataclass(kw_only=True)
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
@@ -190,6 +249,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "k1"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass(kw_only=True)
@@ -312,6 +372,16 @@ class TrainerConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Resource pools and the pool of each role (Ray mode); default: everything colocated
     on trainer.nnodes x trainer.nproc ranks. See verl_mp/config/placement.py."""
+    off_policy_steps: int = 0
+    """K: how many steps generation may run ahead of training. 0: on-policy (each step
+    generates, then trains). 1: step k+1 is generated while step k trains, with weights one
+    update older; K bounds how stale a sample can be (updates between the weights it was
+    generated with and the actor it trains). Needs the rollout on a pool of its own
+    (trainer.placement.roles.rollout); pair it with algorithm.rollout_correction."""
+
+    def __post_init__(self) -> None:
+        if self.off_policy_steps < 0:
+            raise ValueError(f"trainer.off_policy_steps={self.off_policy_steps} must be >= 0 (0: on-policy)")
 
 
 @dataclass(kw_only=True)

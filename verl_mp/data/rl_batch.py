@@ -41,6 +41,11 @@ class RLBatch:
     token_level_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    rollout_weights: torch.Tensor | None = None
+    """[B, T] float32: the rollout correction's per-token weights (importance weights x
+    rejection mask, `verl_mp.algo.rollout_correction`); None when no correction is on."""
+    weight_versions: torch.Tensor | None = None
+    """[B] int64: the actor version (updates applied) whose weights generated each sample."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

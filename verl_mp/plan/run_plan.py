@@ -20,10 +20,11 @@ from verl_mp.config.schema import (
 from verl_mp.engine.config import EngineConfig
 
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
-"""What a process can host. The actor, its reference and the rollout always share the
-``actor_rollout_ref`` group; the critic and the reward model join it unless placed apart."""
+"""What a process can host. The actor and its reference always share the
+``actor_rollout_ref`` group; the rollout, the critic and the reward model join it unless
+placed apart (a rollout group hosts vLLM alone)."""
 ENGINE_ROLES = ("actor", "ref", "critic")
-GROUPS = ("actor_rollout_ref", "critic", "reward_model")
+GROUPS = ("actor_rollout_ref", "critic", "reward_model", "rollout")
 """Worker groups, named by the placement key (``trainer.placement.roles.<group>``)."""
 
 
@@ -74,6 +75,11 @@ class RunPlan:
     def has(self, role: str) -> bool:
         return any(role in g.roles for g in self.groups.values())
 
+    @property
+    def rollout_apart(self) -> bool:
+        """True when the rollout runs on ranks of its own (not in the actor's processes)."""
+        return self.group_of("rollout") != self.group_of("actor")
+
     def engine(self, role: str) -> EngineConfig:
         config = getattr(self, role)
         if config is None:
@@ -101,7 +107,8 @@ def critic_layout(cfg: RootConfig) -> ParallelConfig:
 
 def enabled_roles(cfg: RootConfig) -> dict[str, bool]:
     """Which placement groups have work in this run."""
-    return {"actor_rollout_ref": True, "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable}
+    return {"actor_rollout_ref": True, "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable,
+            "rollout": True}
 
 
 def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
@@ -148,12 +155,13 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
 
 
 def _groups(placement: Placement, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, GroupPlan]:
-    actor_roles = ["actor", "rollout"] + (["ref"] if use_ref else [])
-    groups = {"actor_rollout_ref": actor_roles}
-    for role, enabled in (("critic", use_critic), ("reward_model", use_rm)):
+    """The actor's group (with its reference and every colocated role) and one group per
+    role on a pool of its own."""
+    rollout_here = placement.colocated("rollout")
+    groups = {"actor_rollout_ref": ["actor"] + (["rollout"] if rollout_here else []) + (["ref"] if use_ref else [])}
+    for role, enabled in (("critic", use_critic), ("reward_model", use_rm), ("rollout", not rollout_here)):
         if enabled:
-            groups["actor_rollout_ref" if placement.colocated(role) else role] = \
-                groups.get("actor_rollout_ref" if placement.colocated(role) else role, []) + [role]
+            groups.setdefault("actor_rollout_ref" if placement.colocated(role) else role, []).append(role)
     return {name: GroupPlan(name=name, pool=placement.roles[name], node_counts=placement.node_counts(name),
                             roles=roles) for name, roles in groups.items()}
 

@@ -28,6 +28,10 @@ class RolloutOutput:
     """False where generation stopped at ``max_new_tokens`` (truncated)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the worker measured around generation (memory per phase on GPUs)."""
+    wall_start: float = 0.0
+    wall_end: float = 0.0
+    """Wall-clock times (``time.time()``) at which the worker began and finished generating:
+    how long generation overlapped training, and each pool's idle time."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:

@@ -15,6 +15,7 @@ import errno
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
@@ -28,9 +29,13 @@ from verl_mp.config.schema import RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.plan import RunPlan
+from verl_mp.rollout.types import RolloutOutput
 from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
+from verl_mp.trainer.dynamic_sampling import ScoredSamples, fill_groups
+from verl_mp.trainer.pool_clock import PoolClock
 from verl_mp.trainer.resume_check import FINGERPRINT_KEY, check_resume, model_fingerprint
+from verl_mp.trainer.rollout_source import Generation, RolloutSource
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
 from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
@@ -62,6 +67,9 @@ class RLTrainer:
         self.forward_request = ForwardRequest(ref_log_probs=plan.ref is not None, values=plan.critic is not None)
         self.update_request = UpdateRequest(critic=plan.critic is not None)
         self.timer = StepTimer()
+        self.clock = PoolClock(colocated=not plan.rollout_apart)
+        self.source = RolloutSource(workers, inputs.train, inputs.sampler, self._sampling,
+                                    ahead=cfg.trainer.off_policy_steps)
         self.step_no, self.phase_name = 0, "start-up"
         described = workers.describe()
         self.flop_params = described["actor_rollout_ref"]["flop_params"]
@@ -102,27 +110,34 @@ class RLTrainer:
         return last
 
     def step(self, step: int) -> dict[str, float]:
-        """One RL step: generate -> reward -> forward (old/ref log-probs, values) ->
+        """One RL step: generate (or take what was generated ahead) -> reward (and dynamic
+        sampling) -> forward (old/ref log-probs, values) -> rollout correction ->
         advantages -> update (critic, actor) -> weight sync."""
         cfg, metrics = self.cfg, {"training/step": float(step)}
         self.step_no = step
         self.timer.reset()
         self.workers.step_counters()
-        prompts = self.inputs.train.get_batch(self.inputs.sampler.next_batch())
+        window_start = time.time()
         with self._phase("generate"):
-            out = self.workers.generate(prompts.input_ids, self._sampling(step))
-        batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        metrics.update(out.metrics)
-        with self._phase("reward"):
-            metrics.update(self._score(batch, prompts, out.response_ids))
+            gen = self.source.take(step)
+        self.clock.generation(gen.out.wall_start, gen.out.wall_end)
+        samples, filter_metrics = self._samples(step, gen)
+        # Off-policy: the next steps generate while this one trains (up to the run's last step,
+        # not this invocation's: a checkpoint then holds what an uninterrupted run would have).
+        self.source.prefetch(step, cfg.trainer.total_steps)
+        batch = self._batch(samples)
+        metrics.update(samples.out.metrics, **samples.reward_metrics, **filter_metrics)
         with self._phase("forward"):
             fwd = self.workers.forward(batch, self.forward_request)
         batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
         metrics.update(fwd.metrics)
-        gap = steps.logprob_gap_metrics(batch)
+        fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
+        gap = steps.logprob_gap_metrics(batch, fresh)
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
+        metrics.update(steps.staleness_metrics(batch, step))
+        metrics.update(steps.apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
         metrics.update(steps.compute_rewards(batch, cfg.algorithm, self.kl_ctrl))
-        baseline = self._greedy_baseline(prompts) if self.spec.needs_greedy_baseline else None
+        baseline = self._greedy_baseline(samples.prompts) if self.spec.needs_greedy_baseline else None
         with self._phase("adv"):
             steps.compute_advantages(batch, cfg.algorithm, baseline)
         with self._phase("update"):
@@ -131,21 +146,61 @@ class RLTrainer:
                            "update", hint="the losses or gradient norms of the update")
         with self._phase("weight_sync"):
             metrics.update(self.workers.sync_weights())
-        metrics.update(gap, **steps.response_metrics(batch, out), **steps.advantage_metrics(batch),
+        self.source.synced(step)
+        metrics.update(gap, **steps.response_metrics(batch, samples.out), **steps.advantage_metrics(batch),
                        **steps.signal_metrics(batch, step))
-        metrics.update(self.workers.step_counters())
-        metrics.update(self.timer.metrics())
+        return {**metrics, **self._speed_metrics(batch, samples.out, window_start)}
+
+    def _speed_metrics(self, batch: RLBatch, out: RolloutOutput, window_start: float) -> dict[str, float]:
+        """Round trips, phase times, each pool's idle time and overlap, throughput, FLOPs."""
+        for pending in self.source.finished_outputs():  # done: the sync queued behind them
+            self.clock.generation(pending.wall_start, pending.wall_end)
+        metrics = {**self.workers.step_counters(), **self.timer.metrics(),
+                   **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
-        metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(metrics["timing/generate_s"], 1e-9)
+        metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(out.wall_end - out.wall_start, 1e-9)
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
+
+    def _samples(self, step: int, gen: Generation) -> tuple[ScoredSamples, dict[str, float]]:
+        """The step's scored samples; with data.filter_groups, groups of equal rewards are
+        dropped and refilled by further rounds of new prompts (`dynamic_sampling`)."""
+        with self._phase("reward"):
+            first = self._scored(gen)
+        fg = self.cfg.data.filter_groups
+        if not fg.enable:
+            return first, {}
+
+        def next_round(round_no: int) -> ScoredSamples:
+            with self._phase("generate"):
+                more = self.source.generate_now(step, round_no)
+            self.clock.generation(more.out.wall_start, more.out.wall_end)
+            with self._phase("reward"):
+                return self._scored(more)
+
+        return fill_groups(first, next_round, self.cfg.data.train_batch_size, fg.max_extra_rounds)
+
+    def _scored(self, gen: Generation) -> ScoredSamples:
+        scores, reward_metrics = self._score(gen.prompts, gen.out)
+        versions = torch.full((len(gen.out.response_ids),), gen.version, dtype=torch.int64)
+        return ScoredSamples(gen.prompts, gen.out, scores, versions, reward_metrics)
+
+    def _batch(self, samples: ScoredSamples) -> RLBatch:
+        from verl_mp.reward.manager import token_level_rewards
+
+        batch = steps.build_batch(samples.prompts, samples.out, self.inputs.pad_token_id)
+        batch.token_level_scores = token_level_rewards(samples.scores, batch.response_mask)
+        batch.weight_versions = samples.versions
+        return batch
 
     @contextmanager
     def _phase(self, name: str):
         self.phase_name = name
         self.on_phase(name, self.step_no)
+        start = time.time()
         with self.timer.phase(name):
             yield
+        self.clock.phase(name, start, time.time())
 
     def _flops(self, batch: RLBatch, seconds: float) -> dict[str, float]:
         cfg = self.cfg
@@ -155,37 +210,36 @@ class RLTrainer:
                                    cfg.trainer.peak_tflops)
 
     # -- phases ------------------------------------------------------------------------------
-    def _sampling(self, step: int):
-        # Seeds derive from (trainer.seed, step) so that a resumed run samples exactly
-        # what the uninterrupted run would have. Log-probs only on the steps that use them.
+    def _sampling(self, step: int, round_no: int = 0):
+        # Seeds derive from (trainer.seed, step, round) so that a resumed run samples exactly
+        # what the uninterrupted run would have. Log-probs only on the steps that use them:
+        # every step with a rollout correction.
         freq = self.cfg.rollout.logprob_gap_freq
-        return replace(self.cfg.rollout.sampling, seed=self.cfg.trainer.seed * 1_000_003 + step * 10_007,
-                       logprobs=bool(freq) and (step % freq == 0 or step == 1))
+        gap = bool(freq) and (step % freq == 0 or step == 1)
+        seed = self.cfg.trainer.seed * 1_000_003 + step * 10_007 + round_no * 101
+        return replace(self.cfg.rollout.sampling, seed=seed,
+                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled)
 
-    def _score(self, batch: RLBatch, prompts: PromptBatch, response_ids: list[list[int]]) -> dict[str, float]:
-        texts = self.inputs.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    def _score(self, prompts: PromptBatch, out: RolloutOutput) -> tuple[torch.Tensor, dict[str, float]]:
+        """``[B]`` sequence rewards of ``out``'s samples (rank 0 scores, every rank gets them)."""
+        texts = self.inputs.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+        groups = [i // out.n for i in range(len(texts))]
         model_scores, result = None, None
         if self.plan.has("reward_model"):  # the reward model reads chat-templated prompt + response
-            model_scores = self.workers.score(
-                [prompts.prompts[int(g)] + text for g, text in zip(batch.group_ids, texts, strict=True)])
+            model_scores = self.workers.score([prompts.prompts[g] + text for g, text in zip(groups, texts, strict=True)])
         if self.is_main:
-            result = self.inputs.reward.score(texts, batch.ground_truths, batch.data_sources,
-                                              model_scores=model_scores)
+            result = self.inputs.reward.score(texts, [prompts.ground_truths[g] for g in groups],
+                                              [prompts.data_sources[g] for g in groups], model_scores=model_scores)
             result = (result.scores, result.metrics)
         scores, reward_metrics = self.broadcast(result)
-        from verl_mp.reward.manager import token_level_rewards
-
-        batch.token_level_scores = token_level_rewards(scores, batch.response_mask)
-        return reward_metrics
+        return scores.float(), reward_metrics
 
     def _greedy_baseline(self, prompts: PromptBatch) -> torch.Tensor:
         """[B] rewards of one greedy response per prompt, repeated over its samples (ReMax)."""
         with self._phase("baseline"):
             greedy = replace(self.cfg.rollout.val_sampling, n=1, temperature=0.0)
-            out = self.workers.generate(prompts.input_ids, greedy)
-            base = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-            self._score(base, prompts, out.response_ids)
-        return (base.token_level_scores.sum(-1)).repeat_interleave(self.cfg.rollout.sampling.n)
+            scores, _ = self._score(prompts, self.workers.generate(prompts.input_ids, greedy))
+        return scores.repeat_interleave(self.cfg.rollout.sampling.n)
 
     def validate(self) -> dict[str, float]:
         if self.inputs.val is None:
@@ -193,13 +247,10 @@ class RLTrainer:
         val = self.inputs.val
         prompts = val.get_batch(list(range(min(len(val), self.cfg.data.val_batch_size))))
         out = self.workers.generate(prompts.input_ids, self.cfg.rollout.val_sampling)
-        batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
-        reward_metrics = self._score(batch, prompts, out.response_ids)
-        scores = (batch.token_level_scores).sum(-1)
-        metrics = {"val/score/mean": scores.mean().item(),
-                   "val/accuracy": reward_metrics.get("reward/accuracy", (scores > 0).float().mean().item()),
-                   "val/response_length/mean": batch.response_lengths.float().mean().item()}
-        return metrics
+        scores, reward_metrics = self._score(prompts, out)
+        return {"val/score/mean": scores.mean().item(),
+                "val/accuracy": reward_metrics.get("reward/accuracy", (scores > 0).float().mean().item()),
+                "val/response_length/mean": sum(len(r) for r in out.response_ids) / max(len(out.response_ids), 1)}
 
     # -- checkpoints -------------------------------------------------------------------------
     def _should_save(self, step: int) -> bool:
@@ -216,7 +267,8 @@ class RLTrainer:
                 self.workers.save_checkpoint(staging)
                 if self.is_main:
                     state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
-                             "step": step, FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path)}
+                             "step": step, FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path),
+                             "rollout_source": self.source.state_dict()}
                     with open(os.path.join(staging, "trainer_state.json"), "w") as f:
                         json.dump(state, f)
                     with open(os.path.join(staging, "config.yaml"), "w") as f:
@@ -245,8 +297,12 @@ class RLTrainer:
             state = json.load(f)
         self.inputs.sampler.load_state_dict(state["sampler"])
         self.kl_ctrl.value = state["kl_coef"]
+        # What was generated ahead (off-policy) is trained as it was; checkpoints written
+        # before it was recorded had nothing in flight.
+        self.source.load_state_dict(state.get("rollout_source", {"version": step, "pending": []}))
         # The rollout engine still holds the initial weights: never sample from them.
         self.workers.sync_weights()
+        self.source.synced(step)
         return step
 
 

@@ -111,6 +111,11 @@ def _run_ray(cfg, plan, stop, verbose: bool) -> None:
             workers = WorkerGroups(plan, build_ray_groups(plan))
         except WorkerError as err:
             raise RunFailed(f"{err} (start-up)") from err
+        try:
+            workers.open_weight_channel()
+        except WorkerError as err:
+            workers.shutdown()
+            raise RunFailed(f"{err} (start-up: the weight channel to the rollout pool)") from err
         inputs = trainer = None
         try:
             inputs = build_inputs(cfg, score_rewards=True)

@@ -81,7 +81,8 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_paths(cfg)
     spec = _model_spec(cfg.model.path)
     dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
-    validate_rollout_layout(cfg.rollout, t.world_size, spec.num_query_groups)
+    validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
+    _check_rollout_pool(cfg, placement)
     # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
@@ -96,6 +97,30 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_reward_fns(cfg)
     _check_fits(cfg, spec)
     return build_plan(cfg, placement)
+
+
+def _check_rollout_pool(cfg: RootConfig, placement) -> None:
+    """A rollout on its own pool, off-policy steps and dynamic sampling: what they need."""
+    apart = not placement.colocated("rollout")
+    if apart and cfg.rollout.weight_sync_mode == "local":
+        raise ValueError(f"rollout.weight_sync_mode=local copies shards inside the actor's processes, but "
+                         f"trainer.placement.roles.rollout={placement.roles['rollout']!r} puts the rollout on ranks "
+                         "of its own (the weights travel over the collective backend); use auto or gather")
+    if cfg.trainer.off_policy_steps and not apart:
+        raise ValueError(f"trainer.off_policy_steps={cfg.trainer.off_policy_steps} needs the rollout on a pool of its "
+                         "own, so that generation can run while the actor trains: add trainer.placement.pools.<name>="
+                         "[ranks] and trainer.placement.roles.rollout=<name> (trainer.launcher=ray), or set "
+                         "trainer.off_policy_steps=0")
+    if cfg.trainer.off_policy_steps and not cfg.algorithm.rollout_correction.enabled:
+        logger.warning("trainer.off_policy_steps=%d trains on samples of older weights without a correction; "
+                       "consider algorithm.rollout_correction.is_level=token", cfg.trainer.off_policy_steps)
+    if cfg.trainer.off_policy_steps > 1:
+        logger.warning("trainer.off_policy_steps=%d: the weight sync waits for the generations in flight, so "
+                       "more than 1 step ahead adds staleness but no overlap (docs/rollout.md)",
+                       cfg.trainer.off_policy_steps)
+    if cfg.data.filter_groups.enable and cfg.rollout.sampling.n < 2:
+        raise ValueError("data.filter_groups.enable=true drops groups whose samples all got the same reward, which "
+                         f"needs groups: rollout.sampling.n={cfg.rollout.sampling.n} must be >= 2")
 
 
 def _check_fits(cfg: RootConfig, spec) -> None:
@@ -137,6 +162,28 @@ def _check_names(cfg: RootConfig) -> None:
                                 ("actor.kl_loss_type", KL_ESTIMATORS, cfg.actor.kl_loss_type),
                                 ("algorithm.kl_penalty", KL_ESTIMATORS, cfg.algorithm.kl_penalty)):
         _check_name(key, registry, name)
+    _check_rollout_correction(cfg)
+
+
+def _check_rollout_correction(cfg: RootConfig) -> None:
+    """Correction levels resolve, and the policy loss takes the weights they produce."""
+    import inspect
+
+    from verl_mp.algo import POLICY_LOSSES, ROLLOUT_IS, ROLLOUT_MASKS
+    from verl_mp.config.schema import CORRECTION_OFF
+
+    rc = cfg.algorithm.rollout_correction
+    for key, registry, name in (("algorithm.rollout_correction.is_level", ROLLOUT_IS, rc.is_level),
+                                ("algorithm.rollout_correction.mask_level", ROLLOUT_MASKS, rc.mask_level)):
+        if name != CORRECTION_OFF:
+            _check_name(key, registry, name)
+    if not rc.enabled:
+        return
+    params = inspect.signature(POLICY_LOSSES[cfg.actor.policy_loss]).parameters
+    if "token_weights" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise ValueError(f"actor.policy_loss={cfg.actor.policy_loss!r} takes no token_weights argument, which "
+                         "algorithm.rollout_correction passes (per-token weights multiplying the loss before "
+                         "aggregation); add it to the plugin or turn the correction off")
 
 
 def _check_name(key: str, registry, name: str) -> None:

@@ -17,8 +17,9 @@ from verl_mp.algo import (
     apply_kl_penalty,
     estimator_spec,
     explained_variance,
+    rollout_correction,
 )
-from verl_mp.config.schema import AlgorithmConfig
+from verl_mp.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
@@ -78,6 +79,21 @@ def compute_advantages(batch: RLBatch, algo: AlgorithmConfig, baseline_rewards: 
                  hint=f"algorithm.adv_estimator={algo.adv_estimator!r}")
 
 
+def apply_rollout_correction(batch: RLBatch, cfg: RolloutCorrectionConfig) -> dict[str, float]:
+    """Fill ``batch.rollout_weights`` [B, T] from the trainer's old log-probs and the
+    rollout's (over the whole batch, once, before it is split into mini-batches)."""
+    if not cfg.enabled:
+        return {}
+    batch.require("old_log_probs")
+    if batch.rollout_log_probs is None:
+        raise RuntimeError("algorithm.rollout_correction needs the rollout's log-probs, but this step's rollout "
+                           "returned none (the trainer asks for them on every step when a correction is on)")
+    batch.rollout_weights, metrics = rollout_correction(
+        batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, is_level=cfg.is_level,
+        is_threshold=cfg.is_threshold, mask_level=cfg.mask_level, mask_low=cfg.mask_low, mask_high=cfg.mask_high)
+    return metrics
+
+
 def check_finite(values: dict, phase: str, hint: str = "") -> None:
     """Stop on NaN/inf (tensors or floats) with the phase and the likely causes named."""
     bad = [k for k, v in values.items()
@@ -105,17 +121,32 @@ def response_metrics(batch: RLBatch, out: RolloutOutput) -> dict[str, float]:
     return m
 
 
-def logprob_gap_metrics(batch: RLBatch) -> dict[str, float]:
-    """|rollout log-prob - trainer old log-prob| over real response tokens ({} on steps
-    whose rollout returned no log-probs)."""
+def logprob_gap_metrics(batch: RLBatch, rows: torch.Tensor | None = None) -> dict[str, float]:
+    """|rollout log-prob - trainer old log-prob| over real response tokens of ``rows`` ([B]
+    bool, default all: the on-policy samples, whose gap measures the weight sync and the
+    numerics, not staleness). {} on steps whose rollout returned no log-probs, or without
+    such samples (off-policy steady state)."""
     if batch.rollout_log_probs is None:
         return {}
     batch.require("old_log_probs")
     mask = batch.response_mask > 0
+    if rows is not None:
+        if not rows.any():
+            return {}
+        mask = mask & rows[:, None]
     if not mask.any():
         return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
     diff = (batch.rollout_log_probs - batch.old_log_probs).abs()[mask]
     return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}
+
+
+def staleness_metrics(batch: RLBatch, step: int) -> dict[str, float]:
+    """How many updates separate the weights that generated each sample from the actor that
+    trains on it at ``step`` (version step-1): mean and max over samples."""
+    if batch.weight_versions is None:
+        return {}
+    stale = (step - 1 - batch.weight_versions).float()
+    return {"rollout/staleness_mean": stale.mean().item(), "rollout/staleness_max": stale.max().item()}
 
 
 def check_logprob_gap(metrics: dict[str, float], threshold: float | None, step: int) -> None:

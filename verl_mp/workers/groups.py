@@ -57,7 +57,17 @@ class WorkerGroups:
 
     # -- phases --------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling):
-        return self._call(["rollout"], RLWorker.generate, prompt_ids, sampling)[0]
+        return self.wait(self.submit_generate(prompt_ids, sampling))
+
+    def submit_generate(self, prompt_ids: list[list[int]], sampling) -> PendingCall:
+        """Start a generation and return at once (a rollout on its own pool generates while
+        the actor's group trains); `wait` gives its `RolloutOutput`. Calls reach a group's
+        ranks in the order they were made."""
+        return self._submit(["rollout"], RLWorker.generate, prompt_ids, sampling)
+
+    def wait(self, pending: PendingCall):
+        """The result of a submitted call (rank 0's of its first group)."""
+        return self._collect(pending)[0]
 
     def score(self, texts: list[str]) -> torch.Tensor:
         return self._call(["reward_model"], RLWorker.score, texts)[0]
@@ -76,7 +86,20 @@ class WorkerGroups:
         return metrics
 
     def sync_weights(self) -> dict[str, float]:
-        return self._call(["rollout"], RLWorker.sync_weights)[0]
+        """Actor -> rollout. Colocated: one call; a rollout on its own pool: the actor's group
+        sends and the rollout's receives, concurrently (one round trip)."""
+        metrics: dict[str, float] = {}
+        for part in self._call(["actor", "rollout"], RLWorker.sync_weights):
+            metrics.update(part)
+        return metrics
+
+    def open_weight_channel(self) -> None:
+        """Connect the actor's group to a rollout on a pool of its own (start-up; a no-op
+        when the rollout is colocated): the actor's rank 0 reserves the channel's address."""
+        if not self.plan.rollout_apart:
+            return
+        host, port = self.groups[self.plan.group_of("actor")].reserve_address()
+        self._call(["actor", "rollout"], RLWorker.open_weight_channel, host, port)
 
     # -- run state -----------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
@@ -110,12 +133,24 @@ class WorkerGroups:
     def _call(self, roles: list[str], method, *args) -> list:
         """``method(*args)`` on every group hosting one of ``roles``, concurrently; their
         results (rank 0's of each group) in group order. One round trip."""
+        return self._collect(self._submit(roles, method, *args))
+
+    def _submit(self, roles: list[str], method, *args) -> PendingCall:
         names = sorted({self.plan.group_of(r) for r in roles}, key=list(self.groups).index)
         self.round_trips += 1
         name = method.__name__
         self.sent_bytes[name] = self.sent_bytes.get(name, 0) + len(names) * _tensor_bytes(args)
-        handles = [self.groups[n].submit(method, *args) for n in names]
-        return [self.groups[n].result(h) for n, h in zip(names, handles, strict=True)]
+        return PendingCall([(n, self.groups[n].submit(method, *args)) for n in names])
+
+    def _collect(self, pending: PendingCall) -> list:
+        return [self.groups[n].result(h) for n, h in pending.handles]
+
+
+class PendingCall:
+    """A call submitted to one or more groups (`WorkerGroups.submit_generate`)."""
+
+    def __init__(self, handles: list[tuple[str, Any]]):
+        self.handles = handles
 
 
 def _tensor_bytes(obj) -> int:

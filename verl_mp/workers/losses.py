@@ -28,9 +28,14 @@ def actor_loss(cfg: ActorConfig, global_tokens: float, global_seqs: float, max_l
 
     def loss_fn(outputs: dict, mb: dict):
         log_probs, mask = outputs["log_probs"], mb["response_mask"]
+        # The rollout correction's weights (present only when one is on) multiply the
+        # per-token policy-gradient term; they are fixed per token, so the sum over
+        # micro-batches and DP ranks is unchanged by the split.
+        weights = {"token_weights": mb["rollout_weights"]} if "rollout_weights" in mb else {}
         loss, metrics = policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
                                     clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-                                    clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode, **counts)
+                                    clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
+                                    **counts, **weights)
         out = {"pg_loss": loss.detach()}
         if "entropy" in outputs:
             entropy = agg_loss(outputs["entropy"], mask, cfg.loss_agg_mode, **counts)

@@ -83,7 +83,11 @@ class RLWorker(Protocol):
         """PPO epochs of the hosted critic and actor over ``batch``; reduced metrics."""
 
     def sync_weights(self) -> dict[str, float]:
-        """Actor shards -> the rollout engine."""
+        """Actor shards -> the rollout engine (with the rollout on its own pool: the actor's
+        group sends, the rollout's group receives)."""
+
+    def open_weight_channel(self, host: str, port: int) -> None:
+        """Join the channel between the actor's rank 0 and a rollout on its own pool."""
 
     def save_checkpoint(self, directory: str) -> None: ...
 

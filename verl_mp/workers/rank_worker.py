@@ -29,6 +29,7 @@ from verl_mp.plan import RunPlan
 from verl_mp.rollout import build_rollout
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.utils import memory
+from verl_mp.workers import rollout_link
 from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
 from verl_mp.workers.faults import FaultInjector
 from verl_mp.workers.losses import actor_loss, critic_loss
@@ -52,19 +53,26 @@ class RankWorker:
             self.critic = _load(MegatronEngine(plan.critic))
         if "reward_model" in self.roles:
             self.scorer = _reward_model(plan)
-        if "rollout" in self.roles:
+        if "rollout" in self.roles and self.actor is not None:
             from verl_mp.bridge.weight_sync import make_weight_sync
 
             self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups)
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
+        self.channel = None
+        """The weight channel of a rollout on ranks of its own (`open_weight_channel`)."""
+        if "rollout" in self.roles and self.actor is None:  # the rollout on a pool of its own
+            self.rollout = build_rollout(plan.rollout, plan.model_path, rollout_link.rollout_kv_heads(plan.model_path))
+        elif self.actor is not None and plan.has("rollout") and "rollout" not in self.roles:
+            self.sync = rollout_link.actor_sync(plan, self.actor)
 
     # -- rollout --------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling) -> RolloutOutput:
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
+        start = time.time()
         with memory.tracked("generate", metrics):
             self._offload(self.actor)
             if torch.cuda.is_available():
@@ -72,15 +80,27 @@ class RankWorker:
             rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
             out = rollout.generate(prompt_ids, sampling)
-            rollout.sleep()
+            if self.actor is not None:  # a rollout on ranks of its own keeps its memory
+                rollout.sleep()
             self._onload(self.actor)
         out.metrics.update(metrics)
+        out.wall_start, out.wall_end = start, time.time()
         return out
+
+    def open_weight_channel(self, host: str, port: int) -> None:
+        """Join the channel that carries the actor's weights to a rollout on ranks of its own
+        (collective over the actor's rank 0 and every rollout rank; others return)."""
+        self.channel = rollout_link.open_channel(self.plan, self.sync if self.actor is not None else None, host, port)
 
     def sync_weights(self) -> dict[str, float]:
         """Actor shards -> rollout engine (bucketed; the prefix cache is reset). The weights
-        stay awake; the KV cache wakes when generation starts."""
+        stay awake; the KV cache wakes when generation starts. With the rollout on ranks of
+        its own, the actor group sends and the rollout group receives (both are called)."""
         self.faults.check("sync_weights")
+        if self.actor is None:
+            return rollout_link.receive_weights(self._hosted(self.rollout, "rollout"), self.channel)
+        if self.rollout is None:
+            return rollout_link.send_weights(self._hosted(self.sync, "rollout"), self.channel)
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
         with memory.tracked("weight_sync", metrics):
@@ -151,7 +171,8 @@ class RankWorker:
             start = time.perf_counter()
             loss_cfg = self.plan.actor_loss
             batch.require("old_log_probs", "advantages")
-            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else [])
+            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
+                + (["rollout_weights"] if batch.rollout_weights is not None else [])
             metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
                                         mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
                                         make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),

@@ -101,6 +101,13 @@ class RayWorkerGroup:
         for rank, node_id in enumerate(self.node_ids):
             logger.info("%s rank %d on node %s", group.name, rank, node_id)
 
+    def reserve_address(self) -> tuple[str, int]:
+        """An address of rank 0's node and a port that rank 0 keeps listening on until it
+        serves a store there (a channel to another group, `RLWorker.open_weight_channel`)."""
+        import ray
+
+        return ray.get(self.actors[0].address.remote())
+
     def submit(self, method, *args):
         """Start ``method`` (a `RLWorker` method) on every rank; the arguments travel once."""
         import ray

@@ -1,0 +1,124 @@
+"""Where each step's generations come from: made when the step asks (on-policy), or up to
+``trainer.off_policy_steps`` steps ahead while the actor trains.
+
+A generation is submitted to the rollout's worker group and runs there while the driver
+goes on; a worker group runs its calls in the order they were made, so a generation
+submitted after a weight sync uses the synced weights. `RolloutSource` therefore knows,
+without asking the workers, which actor version (updates applied) generated each batch:
+the version of the last sync submitted before it. With ``K = off_policy_steps``:
+
+- ``K = 0``: step k's prompts are drawn and generated when step k starts, after the sync
+  of version k-1: every sample is on-policy (staleness 0).
+- ``K >= 1``: when step k has taken its generation, the generations of steps k+1..k+K are
+  submitted (those not yet in flight) and run while step k trains. The sync of version k
+  queues behind them, so step k+K is generated with version k-1 and trained by version
+  k+K-1: staleness at most K (exactly K in steady state).
+
+Checkpoints store what is in flight (`state_dict`: each pending step's prompt indices, its
+generated samples and their version) instead of regenerating them: regenerating would need
+the older weights that produced them. A resumed run takes those samples as they were, and
+since the sampler state and the rollout's weights (the checkpoint's version, synced at
+resume) are those of the uninterrupted run at that point, it continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_mp.config.rollout import SamplingConfig
+from verl_mp.data.batch import PromptBatch
+from verl_mp.rollout.types import RolloutOutput
+
+
+@dataclass
+class Generation:
+    """One generate call's prompts, samples and the actor version of the weights used."""
+
+    prompts: PromptBatch
+    out: RolloutOutput
+    version: int
+
+
+@dataclass
+class _Pending:
+    prompts: PromptBatch
+    version: int
+    call: Any = None
+    """The submitted call (`verl_mp.workers.groups.PendingCall`), until it is resolved."""
+    out: RolloutOutput | None = None
+
+
+@dataclass
+class RolloutSource:
+    workers: Any
+    """`verl_mp.workers.groups.WorkerGroups`."""
+    dataset: Any
+    """The training `PromptDataset` (``get_batch(indices)``)."""
+    sampler: Any
+    """The `ResumableBatchSampler`; drawn from when a generation is submitted."""
+    sampling: Callable[[int, int], SamplingConfig]
+    """``(step, round) -> SamplingConfig`` (seeded per step and round)."""
+    ahead: int = 0
+    """``trainer.off_policy_steps``."""
+    version: int = 0
+    """The actor version the rollout holds once every sync submitted so far has run."""
+    pending: dict[int, _Pending] = field(default_factory=dict)
+
+    def take(self, step: int) -> Generation:
+        """Step ``step``'s first-round generation (submitted now if it is not in flight)."""
+        if step not in self.pending:
+            self._submit(step)
+        p = self.pending.pop(step)
+        return Generation(p.prompts, self._resolve(p), p.version)
+
+    def generate_now(self, step: int, round_no: int) -> Generation:
+        """Another round for ``step`` (dynamic sampling): new prompts, generated at once with
+        the weights the rollout holds now."""
+        prompts = self.dataset.get_batch(self.sampler.next_batch())
+        out = self.workers.generate(prompts.input_ids, self.sampling(step, round_no))
+        return Generation(prompts, out, self.version)
+
+    def prefetch(self, step: int, last_step: int) -> None:
+        """Submit the generations of steps step+1..step+K (up to ``last_step``) not yet in flight."""
+        for j in range(step + 1, min(step + self.ahead, last_step) + 1):
+            if j not in self.pending:
+                self._submit(j)
+
+    def synced(self, version: int) -> None:
+        """A sync to ``version`` was submitted: later generations use it."""
+        self.version = version
+
+    def _submit(self, step: int) -> None:
+        prompts = self.dataset.get_batch(self.sampler.next_batch())
+        call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0))
+        self.pending[step] = _Pending(prompts, self.version, call)
+
+    def _resolve(self, p: _Pending) -> RolloutOutput:
+        if p.out is None:
+            p.out, p.call = self.workers.wait(p.call), None
+        return p.out
+
+    def finished_outputs(self) -> list[RolloutOutput]:
+        """The in-flight generations that have finished (resolving them; waits for all)."""
+        return [self._resolve(p) for p in self.pending.values()]
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The version and every in-flight generation (waited for), JSON-ready."""
+        return {"version": self.version,
+                "pending": [{"step": step, "indices": list(p.prompts.indices), "version": p.version,
+                             "out": _output_state(self._resolve(p))} for step, p in sorted(self.pending.items())]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = int(state["version"])
+        self.pending = {int(e["step"]): _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]),
+                                                 out=RolloutOutput(**e["out"]))
+                        for e in state["pending"]}
+
+
+def _output_state(out: RolloutOutput) -> dict:
+    return {"prompt_ids": out.prompt_ids, "response_ids": out.response_ids,
+            "response_logprobs": out.response_logprobs, "n": out.n, "finished": out.finished,
+            "metrics": out.metrics, "wall_start": out.wall_start, "wall_end": out.wall_end}
