@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from verl_mp.config.moe import MoEConfig
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
@@ -137,6 +138,9 @@ class ActorConfig(EngineRoleConfig):
     _section: ClassVar[str] = "actor"
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
     """The parallel layout of the actor and reference (and of a colocated critic)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Router losses, token dispatch and expert capacity of a mixture-of-experts actor (ignored
+    by dense models). The reference policy routes with the same settings."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
     ppo_epochs: int = 1

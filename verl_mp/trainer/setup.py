@@ -84,6 +84,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
+    _check_moe(cfg, spec)
     from verl_mp.bridge.weight_sync import refuse_unsupported
 
     refuse_unsupported(spec)
@@ -115,6 +116,23 @@ def _check_fits(cfg: RootConfig, spec) -> None:
         check_fits(cfg, spec, gib)
     except ValueError as err:
         raise ValueError(f"{err}; set trainer.gpu_memory_gib to plan for other GPUs") from None
+
+
+def _check_moe(cfg: RootConfig, spec) -> None:
+    """What a mixture-of-experts run cannot do yet (its layouts were checked against the experts
+    by `validate_layout`); a dense model warns when ``actor.moe`` is set in vain."""
+    from verl_mp.config.moe import MoEConfig
+
+    if spec.moe is None:
+        if cfg.actor.moe != MoEConfig():
+            logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
+                           cfg.model.path)
+        return
+    if critic_enabled(cfg):
+        raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
+                         f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "
+                         "supported for it yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+                         "remax) and critic.enable=false")
 
 
 def _check_names(cfg: RootConfig) -> None:
