@@ -35,7 +35,7 @@ def moe_inputs(tmp_path_factory):
     train, _ = write_synthetic_dataset(root / "data", num_train=16, num_test=4)
     return [f"model.path={model}", f"data.train_files=[{train}]", "rollout.max_model_len=128",
             "data.max_prompt_length=64", "rollout.sampling.max_new_tokens=16",
-            "rollout.val_sampling.max_new_tokens=16"]
+            "rollout.val_sampling.max_new_tokens=16", "rollout.tensor_model_parallel_size=2"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -50,3 +50,23 @@ def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, messa
     with pytest.raises(ValueError, match=message):
         preflight(load_config("grpo", [*moe_inputs, *overrides]))
 
+
+
+def test_preflight_plans_an_expert_parallel_run(moe_inputs):
+    from verl_mp.trainer.setup import preflight
+
+    plan = preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2",
+                                          "actor.moe.aux_loss_coeff=0.01"]))
+    assert plan.actor.parallel.expert_model_parallel_size == 2 and plan.ref.moe.aux_loss_coeff == 0.01
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.tensor_model_parallel_size=1"], r"set rollout.tensor_model_parallel_size=2"),
+    (["rollout.expert_parallel=true"], r"rollout.expert_parallel=true needs CUDA"),
+], ids=["rollout dp", "vllm ep"])
+def test_preflight_refuses_what_vllm_cpu_cannot_run(moe_inputs, overrides, message, monkeypatch):
+    from verl_mp.trainer.setup import preflight
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the ranks run on this CPU machine
+    with pytest.raises(ValueError, match=message):
+        preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2", *overrides]))

