@@ -70,3 +70,16 @@ def test_preflight_refuses_what_vllm_cpu_cannot_run(moe_inputs, overrides, messa
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the ranks run on this CPU machine
     with pytest.raises(ValueError, match=message):
         preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2", *overrides]))
+
+
+def test_router_replay_settings(moe_inputs, inputs):
+    from verl_mp.trainer.setup import preflight
+
+    with pytest.raises(ValueError, match=r"actor.router_replay='always' is not one of \('off', 'rollout', 'old_logprob'\)"):
+        load_config("grpo", ["model.path=m", "actor.router_replay=always"])
+    with pytest.raises(ValueError, match=r"actor.router_replay='rollout' needs a mixture-of-experts model"):
+        preflight(load_config("grpo", [*inputs, "actor.router_replay=rollout"]))
+    with pytest.raises(ValueError, match=r"router_replay=rollout needs rollout.backend=vllm"):
+        preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.backend=hf"]))
+    plan = preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=old_logprob"]))
+    assert plan.actor_loss.router_replay == "old_logprob"

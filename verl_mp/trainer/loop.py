@@ -110,7 +110,8 @@ class RLTrainer:
         self.workers.step_counters()
         prompts = self.inputs.train.get_batch(self.inputs.sampler.next_batch())
         with self._phase("generate"):
-            out = self.workers.generate(prompts.input_ids, self._sampling(step))
+            out = self.workers.generate(prompts.input_ids, self._sampling(step),
+                                        self.cfg.actor.router_replay == "rollout")
         batch = steps.build_batch(prompts, out, self.inputs.pad_token_id)
         metrics.update(out.metrics)
         with self._phase("reward"):
@@ -118,6 +119,8 @@ class RLTrainer:
         with self._phase("forward"):
             fwd = self.workers.forward(batch, self.forward_request)
         batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
+        if fwd.routed_experts is not None:  # actor.router_replay=old_logprob: the update replays it
+            batch.routed_experts = fwd.routed_experts
         metrics.update(fwd.metrics)
         gap = steps.logprob_gap_metrics(batch)
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)

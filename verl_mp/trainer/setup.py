@@ -120,11 +120,21 @@ def _check_moe(cfg: RootConfig, spec) -> None:
     by `validate_layout`); a dense model warns when ``actor.moe`` is set in vain."""
     from verl_mp.config.moe import MoEConfig
 
+    replay = cfg.actor.router_replay
     if spec.moe is None:
+        if replay != "off":
+            raise ValueError(f"actor.router_replay={replay!r} needs a mixture-of-experts model; {cfg.model.path} "
+                             "is dense: set actor.router_replay=off")
         if cfg.actor.moe != MoEConfig():
             logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
                            cfg.model.path)
         return
+    if replay == "rollout" and cfg.rollout.backend != "vllm":
+        raise ValueError("actor.router_replay=rollout needs rollout.backend=vllm (the rollout records the routing)")
+    if replay != "off" and cfg.actor.recompute != "none" and cfg.actor.megatron.pipeline_model_parallel_size > 1:
+        raise ValueError(f"actor.router_replay={replay!r} with actor.recompute={cfg.actor.recompute!r} needs "
+                         "pipeline_model_parallel_size 1 (recomputed routers under a pipeline would replay "
+                         "another micro-batch's routing); set actor.recompute=none")
     import torch
 
     from verl_mp.config.rollout import validate_moe_rollout

@@ -54,8 +54,8 @@ class WorkerGroups:
         self.sent_bytes = 0
 
     # -- phases --------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling):
-        return self._call(["rollout"], RLWorker.generate, prompt_ids, sampling)[0]
+    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False):
+        return self._call(["rollout"], RLWorker.generate, prompt_ids, sampling, record_routing)[0]
 
     def score(self, texts: list[str]) -> torch.Tensor:
         return self._call(["reward_model"], RLWorker.score, texts)[0]

@@ -56,13 +56,15 @@ class RankWorker:
             from verl_mp.bridge.weight_sync import make_weight_sync
 
             self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups,
-                                         moe=self.actor.spec.moe is not None)
+                                         moe=self.actor.spec.moe is not None,
+                                         record_routing=plan.actor_loss.router_replay == "rollout")
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
 
     # -- rollout --------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling) -> RolloutOutput:
+    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False) -> RolloutOutput:
+        """``record_routing``: also each sequence's experts (``actor.router_replay=rollout``)."""
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
@@ -72,7 +74,8 @@ class RankWorker:
                 torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
             rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
-            out = rollout.generate(prompt_ids, sampling)
+            out = rollout.generate(prompt_ids, sampling, record_routing=True) if record_routing else \
+                rollout.generate(prompt_ids, sampling)
             rollout.sleep()
             self._onload(self.actor)
         out.metrics.update(metrics)
@@ -114,12 +117,21 @@ class RankWorker:
             start = time.perf_counter()
             if role == "critic":
                 result.values = response_values(batch, self.critic.compute_values(ids, mask))
+            elif role == "actor":
+                replay = self.plan.actor_loss.router_replay
+                routing = batch.routed_experts if replay == "rollout" else None
+                if replay == "rollout" and routing is None:
+                    raise ValueError("actor.router_replay=rollout: the batch has no routed_experts (the rollout "
+                                     "did not record them)")
+                lp = self.actor.compute_log_probs(ids, mask, temperature=t, routed_experts=routing,
+                                                  record_routing=replay == "old_logprob")
+                result.old_log_probs = response_values(batch, lp)
+                if replay == "old_logprob":
+                    result.routed_experts = self.actor.recorded_routing
             else:
-                engine = self.actor if role == "actor" else self.ref
-                self._onload(engine if role == "ref" else None)
-                lp = response_values(batch, engine.compute_log_probs(ids, mask, temperature=t))
-                self._offload(engine if role == "ref" else None)
-                setattr(result, "old_log_probs" if role == "actor" else "ref_log_probs", lp)
+                self._onload(self.ref)
+                result.ref_log_probs = response_values(batch, self.ref.compute_log_probs(ids, mask, temperature=t))
+                self._offload(self.ref)
             name = {"actor": "old_log_prob", "ref": "ref", "critic": "values"}[role]
             result.metrics[f"timing/{name}_s"] = time.perf_counter() - start
 
@@ -154,7 +166,10 @@ class RankWorker:
             loss_cfg = self.plan.actor_loss
             batch.require("old_log_probs", "advantages")
             fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else [])
+            if loss_cfg.router_replay != "off":
+                batch.require("routed_experts")
             metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
+                                        routing=loss_cfg.router_replay != "off",
                                         mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
                                         make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
                                         temperature=self.plan.temperature,
