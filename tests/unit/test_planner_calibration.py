@@ -104,3 +104,13 @@ def test_moe_shards_like_the_engine():
         per_param = mem.ADAM_BYTES + mem.MAIN_PARAM_BYTES
         assert state.optimizer == per_param * ((stage_params(dims, layout, 0) - ex) // dp + ex // layout.edp)
     assert stage_params(dims, Layout(ep=8, dp=8), 0) - stage_expert_params(dims, Layout(ep=8, dp=8)) == dense
+
+
+@pytest.mark.parametrize("name,active", [("Qwen3-30B-A3B", 3.3e9), ("Qwen3-235B-A22B", 22e9)])
+def test_flop_parameters_are_the_active_ones(name, active):
+    """TFLOP/s of a mixture-of-experts run count the active parameters (the model cards'
+    "activated" counts include the input embedding, which the FLOP estimate leaves out)."""
+    from verl_mp.workers.rank_worker import flop_params
+
+    spec = spec_from_hf_config(MODEL_CONFIGS[name])
+    assert flop_params(spec) + spec.vocab_size * spec.hidden_size == pytest.approx(active, rel=0.02)

@@ -247,8 +247,14 @@ def shard(items: list, rank: int, world: int) -> list:
 
 def flop_params(spec) -> int:
     """Matmul parameters per token of a forward pass, without the input embedding (FLOP
-    estimates: 2 x this x tokens forward, 6 x for training)."""
-    per_layer = (spec.hidden_size * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
-                 + spec.num_attention_heads * spec.head_dim * spec.hidden_size
-                 + 3 * spec.hidden_size * spec.ffn_hidden_size)
-    return spec.num_layers * per_layer + spec.vocab_size * spec.hidden_size
+    estimates: 2 x this x tokens forward, 6 x for training). Mixture of experts: the active
+    ones (each token's ``top_k`` experts, the shared expert, the router)."""
+    h = spec.hidden_size
+    per_layer = (h * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
+                 + spec.num_attention_heads * spec.head_dim * h)
+    m = spec.moe
+    if m is None:
+        per_layer += 3 * h * spec.ffn_hidden_size
+    else:
+        per_layer += 3 * h * (m.top_k * m.ffn_hidden_size + (m.shared_expert_ffn_hidden_size or 0)) + h * m.num_experts
+    return spec.num_layers * per_layer + spec.vocab_size * h
