@@ -4,26 +4,36 @@
 # 24 layers, 14/2 heads, FFN 4864; SIZE=1.5b: hidden 1536, 28 layers, 12/2 heads, FFN 8960)
 # and the project's tiny tokenizer (so a tiny vocabulary: the LM head is negligible, unlike
 # the real 151936), on the synthetic arithmetic prompts. A random model writes on, so most
-# responses are long. NPROC ranks = GPUs, Megatron TP = rollout TP = TP.
+# responses are long. NPROC ranks = GPUs, Megatron TP = rollout TP = TP. SIZE=moe: a Qwen3-MoE body
+# (hidden 1024, 16 layers, 16/4 heads, 32 experts of 512, top-4: 0.87B parameters, 0.15B active;
+# needs the vLLM kit built with KEEP_MOE=1); Megatron EP = NPROC (pass actor.megatron.* to change it).
 # Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
-#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun; extra key=value arguments are passed on.
+#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir); extra key=value arguments are passed on.
 # Usage: bash benchmarks/gpu_grpo.sh OUT_DIR [key=value ...]   (PYTHONPATH with verl_mp, vLLM)
 set -euo pipefail
 out=${1:?usage: gpu_grpo.sh OUT_DIR [key=value ...]}
 shift
 size=${SIZE:-0.5b} nproc=${NPROC:-1} tp=${TP:-1} max_new=${MAX_NEW:-256} micro=${MICRO:-32}
-work=$(mktemp -d)
+work=${WORK:-$(mktemp -d)}  # WORK: where the model and data go (kept for later benchmarks)
+mkdir -p "$work"
 python3 - "$work" "$size" $((max_new + 128)) <<'PY'
 import sys, torch
 from verl_mp.demo.task import write_synthetic_dataset
 from verl_mp.demo.tiny_models import save_tiny_qwen2
 work, size, max_pos = sys.argv[1], sys.argv[2], int(sys.argv[3])
-body = {"tiny": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),  # a CPU dry run
-        "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
-        "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}[size]
 write_synthetic_dataset(f"{work}/data", num_train=4096, num_test=64, seed=0)
-save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
+if size == "moe":
+    from verl_mp.demo.tiny_models import save_tiny_moe
+    save_tiny_moe(f"{work}/model", hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=4, num_experts=32,
+                  top_k=4, moe_intermediate_size=512, max_position_embeddings=max_pos, dtype=torch.bfloat16)
+else:
+    body = {"tiny": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),  # a CPU dry run
+            "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
+            "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}[size]
+    save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
 PY
+moe_args=()
+[ "$size" = moe ] && moe_args=(actor.megatron.expert_model_parallel_size="$nproc")
 python3 -m verl_mp train --config-name grpo \
   model.path="$work/model" model.dtype="${DTYPE:-bf16}" \
   "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]" \
@@ -35,4 +45,4 @@ python3 -m verl_mp train --config-name grpo \
   rollout.logprob_gap_freq="${GAP_FREQ:-1}" \
   trainer.launcher="${LAUNCHER:-torchrun}" trainer.nproc="$nproc" trainer.total_steps="${STEPS:-4}" trainer.test_freq=0 \
   trainer.val_before_train=false trainer.save_freq=0 trainer.save_final=false trainer.export_hf_at_end=false \
-  trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out" "$@"
+  trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out" "${moe_args[@]}" "$@"

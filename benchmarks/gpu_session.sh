@@ -12,6 +12,10 @@
 #   launchers    : carry .gpu-vllm/part2 + .whl + .gpu-ray/ray-kit (issue 22): the same GRPO run under
 #                  torchrun and under Ray, side by side, and the Ray GPU test (tests/gpu/test_ray_gpu.py).
 #   memory       : carry .whl only: benchmarks/engine_memory.py, the planner vs measured engine peaks.
+#   moe          : carry .gpu-vllm/part2 (a kit built with KEEP_MOE=1) + .whl; issue 15: the MoE local-sync
+#                  GPU test, then GRPO on a random Qwen3-MoE body (SIZE=moe in gpu_grpo.sh) with
+#                  actor.router_replay off and rollout (step table: TFLOP/s on active parameters, sync
+#                  GB/s, log-prob gap, clip fraction), then its generation speed standalone vs the rollout.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
 #                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
@@ -19,7 +23,7 @@
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -133,6 +137,27 @@ run_offpolicy() {  # issue 16: rollout on its own GPU, off-policy 0/1, vs coloca
   done
 }
 
+run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests)
+  setup_python
+  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/gpu/test_rollout_gpu.py -k moe -s > "$OUT/moe_tests.log" 2>&1
+  echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -8
+  for replay in off rollout; do
+    CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MAX_NEW=${MAX_NEW:-512} MICRO=16 STEPS=${STEPS:-6} GAP_FREQ=1 timeout 500 \
+      bash benchmarks/gpu_grpo.sh "$OUT/moe_grpo_$replay" actor.router_replay=$replay > "$OUT/moe_grpo_$replay.log" 2>&1
+    echo "moe grpo router_replay=$replay rc=$?"
+    grep -E "run failed|Error|error:" "$OUT/moe_grpo_$replay.log" | tail -3 | cut -c1-400
+    python3 benchmarks/grpo_table.py "$OUT/moe_grpo_$replay/metrics.jsonl" 2>/dev/null
+  done
+  local model=/tmp/moe_work/model  # the MoE body gpu_grpo.sh wrote
+  for mode in standalone project; do
+    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+      benchmarks/rollout_speed.py --mode $mode --model "$model" --out "$OUT/moe_rollout_$mode.json" \
+      > "$OUT/moe_rollout_$mode.log" 2>&1
+    echo "moe rollout $mode rc=$?"; grep -E '^[{]' "$OUT/moe_rollout_$mode.log" | tail -1
+  done
+}
+
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   grpo21) run_grpo21 "${2:-0.4}" ;;
@@ -142,6 +167,7 @@ case "$phase" in
   train) run_train ;;
   transfer) run_transfer ;;
   offpolicy) run_offpolicy ;;
+  moe) run_moe ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1

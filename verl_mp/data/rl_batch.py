@@ -46,6 +46,10 @@ class RLBatch:
     rejection mask, `verl_mp.algo.rollout_correction`); None when no correction is on."""
     weight_versions: torch.Tensor | None = None
     """[B] int64: the actor version (updates applied) whose weights generated each sample."""
+    routed_experts: torch.Tensor | None = None
+    """[B, S, L, k] int16, positions of ``input_ids``: the experts each token was routed to in
+    each mixture-of-experts layer (routing replay), -1 where unknown (padding, the last token
+    of each sequence)."""
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -71,6 +75,19 @@ class RLBatch:
                    group_ids=torch.arange(num, dtype=torch.int64) // n,
                    ground_truths=[ground_truths[i // n] for i in range(num)],
                    data_sources=[data_sources[i // n] for i in range(num)])
+
+    def set_routing(self, per_sample: list[torch.Tensor]) -> None:
+        """``routed_experts`` from one ``[len(prompt) + len(response), L, k]`` tensor per row."""
+        if len(per_sample) != len(self):
+            raise ValueError(f"routing of {len(per_sample)} samples for a batch of {len(self)}")
+        num_layers, k = per_sample[0].shape[1:]
+        out = torch.full((*self.input_ids.shape, num_layers, k), -1, dtype=torch.int16)
+        for i, routing in enumerate(per_sample):
+            if routing.shape[0] != int(self.prompt_lengths[i] + self.response_lengths[i]):
+                raise ValueError(f"sample {i}: routing of {routing.shape[0]} positions for "
+                                 f"{int(self.prompt_lengths[i] + self.response_lengths[i])} tokens")
+            out[i, : routing.shape[0]] = routing
+        self.routed_experts = out
 
     def response_positions(self) -> torch.Tensor:
         """[B, T] int64: the sequence position whose next-token log-prob scores response

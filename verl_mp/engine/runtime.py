@@ -118,6 +118,13 @@ class ParallelState:
         return mps.get_data_parallel_group()
 
     @property
+    def ep_group(self):
+        """The expert-parallel group (ranks of one stage holding different experts)."""
+        from megatron.core import parallel_state as mps
+
+        return mps.get_expert_model_parallel_group()
+
+    @property
     def etp_group(self):
         """The expert-TP group (routed experts' linears are split over it)."""
         from megatron.core import parallel_state as mps

@@ -21,13 +21,12 @@ from verl_mp.models.spec import GPTSpec, padded_vocab_size
 
 @dataclass(frozen=True, kw_only=True)
 class MoEDims:
-    """Routed experts of a mixture-of-experts MLP (the hook for expert parallelism).
+    """Routed experts of a mixture-of-experts MLP (`verl_mp.models.spec.MoESpec`).
 
-    The dense engine has no experts yet (MoE is being built in its own branch); when
-    `GPTSpec` gains expert fields, `ModelDims.from_spec` fills this and the formulas of
-    `verl_mp.planner.memory` already account for it: expert weights are split over EP
-    (and TP, megatron's expert-TP default), each token's activations pass through
-    ``top_k`` experts. These MoE terms are not yet calibrated against a GPU measurement.
+    Expert weights are split over EP x expert-TP (`Layout.ep`, `Layout.etp`) and their
+    distributed-optimizer state over the expert-data-parallel ranks; each token's activations
+    pass through ``top_k`` experts. Parameter counts equal HF's (tests/unit/test_planner_calibration.py);
+    the activation and dispatch terms are first-order estimates, not calibrated on a GPU.
     """
 
     num_experts: int
@@ -36,6 +35,8 @@ class MoEDims:
     top_k: int
     shared_ffn_hidden_size: int = 0
     """Intermediate size of the always-on shared expert (0: none)."""
+    shared_gate: bool = False
+    """The shared expert's output is scaled by a ``[1, hidden]`` sigmoid gate (Qwen2-MoE)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,12 +73,12 @@ class ModelDims:
 
 
 def _moe_from_spec(spec: GPTSpec) -> MoEDims | None:
-    """Expert dimensions of ``spec`` (None for dense models; GPTSpec has no expert fields yet)."""
-    num_experts = getattr(spec, "num_experts", None)
-    if not num_experts:
+    """Expert dimensions of ``spec`` (None for dense models)."""
+    m = spec.moe
+    if m is None:
         return None
-    return MoEDims(num_experts=num_experts, ffn_hidden_size=spec.moe_ffn_hidden_size,
-                   top_k=spec.moe_router_topk, shared_ffn_hidden_size=getattr(spec, "moe_shared_ffn_hidden_size", 0))
+    return MoEDims(num_experts=m.num_experts, ffn_hidden_size=m.ffn_hidden_size, top_k=m.top_k,
+                   shared_ffn_hidden_size=m.shared_expert_ffn_hidden_size or 0, shared_gate=m.shared_expert_gate)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,11 +91,22 @@ class Layout:
     dp: int = 1
     sp: bool = False
     ep: int = 1
-    """Expert parallelism (MoE only; the hook for the MoE work)."""
+    """Expert parallelism (MoE only)."""
+    etp: int | None = None
+    """Expert tensor parallelism (MoE only); None: TP, megatron's default."""
 
     @property
     def chunks(self) -> int:
         return self.pp * (self.vpp or 1)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel ranks (they share an expert's optimizer state)."""
+        return max(1, self.tp * self.dp // (self.ep * self.expert_tp))
 
 
 def attention_params(d: ModelDims, tp: int) -> int:
@@ -108,19 +120,26 @@ def attention_params(d: ModelDims, tp: int) -> int:
     return n
 
 
-def mlp_params(d: ModelDims, tp: int, ep: int = 1) -> int:
-    """SwiGLU MLP of one layer on one rank (experts split over EP x TP, router replicated)."""
+def expert_params(d: ModelDims, ep: int = 1, etp: int = 1) -> int:
+    """One layer's routed experts on one rank (split over EP x expert-TP); 0 when dense."""
+    if d.moe is None:
+        return 0
+    return d.moe.num_experts * 3 * d.hidden * d.moe.ffn_hidden_size // (ep * etp)
+
+
+def mlp_params(d: ModelDims, tp: int, ep: int = 1, etp: int | None = None) -> int:
+    """SwiGLU MLP of one layer on one rank (routed experts split over EP x expert-TP, the
+    shared expert over TP, router and shared-expert gate replicated)."""
     if d.moe is None:
         return 3 * d.hidden * d.ffn // tp
     m = d.moe
-    experts = m.num_experts * 3 * d.hidden * m.ffn_hidden_size // (ep * tp)
-    shared = 3 * d.hidden * m.shared_ffn_hidden_size // tp
-    return experts + shared + d.hidden * m.num_experts
+    shared = 3 * d.hidden * m.shared_ffn_hidden_size // tp + (d.hidden if m.shared_gate else 0)
+    return expert_params(d, ep, tp if etp is None else etp) + shared + d.hidden * m.num_experts
 
 
-def layer_params(d: ModelDims, tp: int, ep: int = 1) -> int:
+def layer_params(d: ModelDims, tp: int, ep: int = 1, etp: int | None = None) -> int:
     """One transformer layer on one rank: attention, MLP, two RMSNorm weights."""
-    return attention_params(d, tp) + mlp_params(d, tp, ep) + 2 * d.hidden
+    return attention_params(d, tp) + mlp_params(d, tp, ep, etp) + 2 * d.hidden
 
 
 def vocab_rows(d: ModelDims, tp: int) -> int:
@@ -136,7 +155,7 @@ def stage_layers(d: ModelDims, layout: Layout) -> int:
 def stage_params(d: ModelDims, layout: Layout, stage: int) -> int:
     """Parameters one rank of pipeline stage ``stage`` holds."""
     first, last = stage == 0, stage == layout.pp - 1
-    n = stage_layers(d, layout) * layer_params(d, layout.tp, layout.ep)
+    n = stage_layers(d, layout) * layer_params(d, layout.tp, layout.ep, layout.expert_tp)
     embedding = vocab_rows(d, layout.tp) * d.hidden
     if first:
         n += embedding
@@ -147,6 +166,11 @@ def stage_params(d: ModelDims, layout: Layout, stage: int) -> int:
         elif not d.tied or not first:  # untied head, or the last stage's copy of a tied one
             n += embedding
     return n
+
+
+def stage_expert_params(d: ModelDims, layout: Layout) -> int:
+    """The routed-expert part of `stage_params` (its optimizer state is sharded over expert-DP)."""
+    return stage_layers(d, layout) * expert_params(d, layout.ep, layout.expert_tp)
 
 
 def total_params(d: ModelDims) -> int:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_mp.planner.dims import Layout, ModelDims, stage_params, vocab_rows
+from verl_mp.planner.dims import Layout, ModelDims, stage_expert_params, stage_params, vocab_rows
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GRAD_BYTES = 4
@@ -103,8 +103,17 @@ def engine_state_bytes(d: ModelDims, layout: Layout, stage: int, dtype: str, *, 
     if not trainable:
         return StateBytes(params * p, 0, 0)
     per_param = ADAM_BYTES + (MAIN_PARAM_BYTES if p < 4 else 0)
-    shards = layout.dp if distributed_optimizer else 1
-    return StateBytes(params * p, params * GRAD_BYTES, params * per_param // shards)
+    return StateBytes(params * p, params * GRAD_BYTES, per_param * sharded_params(d, layout, stage, distributed_optimizer))
+
+
+def sharded_params(d: ModelDims, layout: Layout, stage: int, distributed_optimizer: bool) -> int:
+    """Parameters whose optimizer state this rank holds: dense ones over DP, routed experts
+    over expert-DP (megatron's chained optimizer), everything without a distributed optimizer."""
+    params = stage_params(d, layout, stage)
+    if not distributed_optimizer:
+        return params
+    experts = stage_expert_params(d, layout)
+    return (params - experts) // layout.dp + experts // layout.edp
 
 
 def layer_terms(d: ModelDims, p: int, tp: int, sp: bool) -> dict[str, float]:
@@ -213,5 +222,4 @@ def in_flight_micro_batches(layout: Layout, stage: int, num_micro_batches: int) 
 def adam_step_transient_bytes(d: ModelDims, layout: Layout, stage: int, distributed_optimizer: bool) -> int:
     """torch AdamW (megatron's fallback without apex/TE) with foreach kernels allocates one
     fp32 temporary per main parameter for ``sqrt(v)`` during the step."""
-    params = stage_params(d, layout, stage)
-    return 4 * params // (layout.dp if distributed_optimizer else 1)
+    return 4 * sharded_params(d, layout, stage, distributed_optimizer)

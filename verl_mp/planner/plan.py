@@ -111,7 +111,8 @@ def layout_of(parallel: ParallelConfig, world: int, spec: GPTSpec, prefix: str) 
     dp = validate_layout(parallel, world, spec.shape, prefix=prefix)
     return Layout(tp=parallel.tensor_model_parallel_size, pp=parallel.pipeline_model_parallel_size,
                   vpp=parallel.virtual_pipeline_model_parallel_size, dp=dp, sp=parallel.sequence_parallel,
-                  ep=getattr(parallel, "expert_model_parallel_size", 1))
+                  ep=parallel.expert_model_parallel_size,
+                  etp=parallel.expert_tp_size if spec.moe is not None else None)
 
 
 def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -> Plan:
@@ -132,7 +133,7 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     p = mem.DTYPE_BYTES[cfg.model.dtype]
     if cfg.rollout.backend == "vllm":
         rollout = ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p,
-                                    cfg.rollout.gpu_memory_utilization, options.gpu_bytes)
+                                    cfg.rollout.gpu_memory_utilization, options.gpu_bytes, world=world)
     else:
         rollout = ro.hf_rollout_memory(dims, p)
     ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, rollout,

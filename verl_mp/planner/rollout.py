@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_mp.planner.dims import ModelDims, largest_tensor_params, total_params, vocab_rows
+from verl_mp.planner.dims import Layout, ModelDims, largest_tensor_params, stage_expert_params, total_params, vocab_rows
 
 GIB = 2**30
 VLLM_ASLEEP_BYTES = 1 * GIB
@@ -48,9 +48,14 @@ class RolloutMemory:
         return max(0, self.kv_cache) // self.kv_bytes_per_token
 
 
-def rollout_memory(d: ModelDims, tp: int, p: int, utilization: float, gpu_bytes: int) -> RolloutMemory:
+def rollout_memory(d: ModelDims, tp: int, p: int, utilization: float, gpu_bytes: int,
+                   world: int | None = None) -> RolloutMemory:
+    """``world``: ranks of the rollout (mixture of experts: vLLM splits the routed experts over
+    all of them, rollout TP x DP, whole experts with expert parallelism or each expert sliced
+    without; the rest over TP)."""
     budget = int(utilization * gpu_bytes)
-    weights = total_params(d) * p // tp
+    experts = stage_expert_params(d, Layout())
+    weights = (total_params(d) - experts) * p // tp + experts * p // (world or tp)
     workspace = vllm_workspace_bytes(d, tp, p)
     return RolloutMemory(budget=budget, weights=weights, workspace=workspace,
                          kv_cache=budget - weights - workspace, kv_bytes_per_token=kv_bytes_per_token(d, tp, p))

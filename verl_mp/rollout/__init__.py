@@ -6,12 +6,16 @@ from __future__ import annotations
 from verl_mp.config.rollout import RolloutConfig
 
 
-def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int):
-    """The backend ``cfg.backend`` names, started on this process (collective)."""
+def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False,
+                  record_routing: bool = False):
+    """The backend ``cfg.backend`` names, started on this process (collective); ``moe``: the
+    model has routed experts; ``record_routing``: generation can record them (vLLM only)."""
     if cfg.backend == "vllm":
         from verl_mp.rollout.vllm_rollout import VLLMRollout
 
-        return VLLMRollout(cfg, model_path, num_kv_heads)
+        return VLLMRollout(cfg, model_path, num_kv_heads, moe=moe, record_routing=record_routing)
+    if record_routing:
+        raise ValueError("routing capture needs rollout.backend=vllm")
     from verl_mp.rollout.hf_rollout import HFRollout
 
     return HFRollout(cfg, model_path)

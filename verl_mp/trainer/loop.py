@@ -69,7 +69,8 @@ class RLTrainer:
         self.timer = StepTimer()
         self.clock = PoolClock(colocated=not plan.rollout_apart)
         self.source = RolloutSource(workers, inputs.train, inputs.sampler, self._sampling,
-                                    ahead=cfg.trainer.off_policy_steps)
+                                    ahead=cfg.trainer.off_policy_steps,
+                                    record_routing=cfg.actor.router_replay == "rollout")
         self.step_no, self.phase_name = 0, "start-up"
         described = workers.describe()
         self.flop_params = described["actor_rollout_ref"]["flop_params"]
@@ -130,6 +131,8 @@ class RLTrainer:
         with self._phase("forward"):
             fwd = self.workers.forward(batch, self.forward_request)
         batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
+        if fwd.routed_experts is not None:  # actor.router_replay=old_logprob: the update replays it
+            batch.routed_experts = fwd.routed_experts
         metrics.update(fwd.metrics)
         fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
         gap = steps.logprob_gap_metrics(batch, fresh)

@@ -62,6 +62,8 @@ class RolloutSource:
     """``(step, round) -> SamplingConfig`` (seeded per step and round)."""
     ahead: int = 0
     """``trainer.off_policy_steps``."""
+    record_routing: bool = False
+    """Generations record each token's routed experts (``actor.router_replay=rollout``)."""
     version: int = 0
     """The actor version the rollout holds once every sync submitted so far has run."""
     pending: dict[int, _Pending] = field(default_factory=dict)
@@ -77,7 +79,7 @@ class RolloutSource:
         """Another round for ``step`` (dynamic sampling): new prompts, generated at once with
         the weights the rollout holds now."""
         prompts = self.dataset.get_batch(self.sampler.next_batch())
-        out = self.workers.generate(prompts.input_ids, self.sampling(step, round_no))
+        out = self.workers.generate(prompts.input_ids, self.sampling(step, round_no), self.record_routing)
         return Generation(prompts, out, self.version)
 
     def prefetch(self, step: int, last_step: int) -> None:
@@ -92,7 +94,7 @@ class RolloutSource:
 
     def _submit(self, step: int) -> None:
         prompts = self.dataset.get_batch(self.sampler.next_batch())
-        call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0))
+        call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0), self.record_routing)
         self.pending[step] = _Pending(prompts, self.version, call)
 
     def _resolve(self, p: _Pending) -> RolloutOutput:

@@ -86,9 +86,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
-    from verl_mp.bridge.weight_sync import refuse_unsupported
-
-    refuse_unsupported(spec)
+    _check_moe(cfg, spec, placement)
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
@@ -151,6 +149,43 @@ def _warn_oversubscribed(nproc: int) -> None:
         logger.warning("trainer.nproc=%d ranks on %d CPU cores: every rank gets less than a core and collectives "
                        "wait on descheduled ranks (4 ranks on 2 cores ran 6x slower than 2); use nproc <= %d",
                        nproc, cores, cores)
+
+
+def _check_moe(cfg: RootConfig, spec, placement) -> None:
+    """What a mixture-of-experts run cannot do yet (its layouts were checked against the experts
+    by `validate_layout`); a dense model warns when ``actor.moe`` is set in vain."""
+    from verl_mp.config.moe import MoEConfig
+
+    replay = cfg.actor.router_replay
+    if spec.moe is None:
+        if replay != "off":
+            raise ValueError(f"actor.router_replay={replay!r} needs a mixture-of-experts model; {cfg.model.path} "
+                             "is dense: set actor.router_replay=off")
+        if cfg.actor.moe != MoEConfig():
+            logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
+                           cfg.model.path)
+        return
+    if not placement.colocated("rollout"):
+        raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a rollout on a pool of its own "
+                         f"(trainer.placement.roles.rollout={placement.roles['rollout']!r}) is not supported for it "
+                         "yet (the weight channel sends dense layouts only); colocate the rollout with the actor")
+    if replay == "rollout" and cfg.rollout.backend != "vllm":
+        raise ValueError("actor.router_replay=rollout needs rollout.backend=vllm (the rollout records the routing)")
+    if replay != "off" and cfg.actor.recompute != "none" and cfg.actor.megatron.pipeline_model_parallel_size > 1:
+        raise ValueError(f"actor.router_replay={replay!r} with actor.recompute={cfg.actor.recompute!r} needs "
+                         "pipeline_model_parallel_size 1 (recomputed routers under a pipeline would replay "
+                         "another micro-batch's routing); set actor.recompute=none")
+    import torch
+
+    from verl_mp.config.rollout import validate_moe_rollout
+
+    if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):  # the ranks run here, on CPU
+        validate_moe_rollout(cfg.rollout, cfg.trainer.world_size, cuda=False)
+    if critic_enabled(cfg):
+        raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
+                         f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "
+                         "supported for it yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+                         "remax) and critic.enable=false")
 
 
 def _check_names(cfg: RootConfig) -> None:

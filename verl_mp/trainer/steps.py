@@ -32,6 +32,8 @@ def build_batch(prompts: PromptBatch, out: RolloutOutput, pad_token_id: int) -> 
                                  prompts.ground_truths, prompts.data_sources)
     lps = out.padded_logprobs(batch.responses.shape[1])
     batch.rollout_log_probs = None if lps is None else lps * batch.response_mask
+    if out.routed_experts is not None:
+        batch.set_routing(out.routed_experts)
     return batch
 
 

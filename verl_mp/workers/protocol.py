@@ -46,12 +46,14 @@ class ForwardResult:
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
+    """``[B, S, L, k]``: the routing the old-log-prob pass recorded (``actor.router_replay=old_logprob``)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
     def merge(self, other: ForwardResult) -> ForwardResult:
         """Combine the results of two groups (e.g. the actor's and a split critic's)."""
         pick = {n: getattr(self, n) if getattr(self, n) is not None else getattr(other, n)
-                for n in ("old_log_probs", "ref_log_probs", "values")}
+                for n in ("old_log_probs", "ref_log_probs", "values", "routed_experts")}
         return ForwardResult(**pick, metrics={**self.metrics, **other.metrics})
 
 
@@ -69,8 +71,10 @@ class UpdateRequest:
 class RLWorker(Protocol):
     """The methods every `RankWorker` offers; a method a process has no role for raises."""
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
-        """Sample with the rollout engine; the actor's memory is handed over and back."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 record_routing: bool = False) -> RolloutOutput:
+        """Sample with the rollout engine; the actor's memory is handed over and back.
+        ``record_routing``: with each sequence's routed experts (mixture of experts)."""
 
     def score(self, texts: list[str]) -> torch.Tensor:
         """``[len(texts)]`` reward-model scores (each rank scores a share)."""

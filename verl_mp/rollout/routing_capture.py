@@ -1,0 +1,111 @@
+"""Record which experts vLLM's MoE routers chose for every token it generated from.
+
+For routing replay (``actor.router_replay=rollout``) the trainer needs, for every sampled
+sequence, each position's ``k`` experts in each MoE layer. vLLM's own
+``enable_return_routed_experts`` needs its Model Runner V2 (GPU only in vLLM 0.32), so the
+project records them itself, inside the in-process vLLM worker (vLLM 0.32):
+
+- each fused-MoE layer's router gets a capture callback (``MoERunner.router.set_capture_fn``,
+  the hook vLLM's own capturer uses): it receives the step's ``topk_ids [tokens, k]``
+  (logical expert ids, before any expert-placement mapping);
+- a forward hook on the model reads, after each step, which rows belong to which request
+  (the model runner's ``input_batch.req_ids`` and ``query_start_loc``) and each row's token
+  and position, and files the rows under their request.
+
+Requests are matched to the finished sequences by their tokens: a sequence
+``prompt + response`` was run through the model at positions ``0 .. len - 2`` (the last
+sampled token never is), so the recorded token sequence of its request is
+``(prompt + response)[:-1]``; identical sequences route identically. Every position must
+have been run by its own request, so the rollout turns vLLM's prefix cache off while it
+records (`verl_mp.rollout.vllm_rollout.VLLMRollout`), and CUDA graphs too (callbacks do not
+run inside a replayed graph).
+"""
+
+from __future__ import annotations
+
+import torch
+
+CAPTURE_DTYPE = torch.int16
+
+
+class RoutingRecorder:
+    """Installed once on a vLLM worker's model; records while ``active``."""
+
+    def __init__(self, worker):
+        self.runner = worker.model_runner
+        model = self.runner.get_model()
+        self.layers = self._bind(model)
+        self.active = False
+        self._step: dict[int, torch.Tensor] = {}
+        self._requests: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        model.register_forward_hook(self._after_step, with_kwargs=True)
+
+    def _bind(self, model) -> list[int]:
+        from vllm.model_executor.layers.fused_moe.runner.moe_runner import MoERunner
+
+        layers = []
+        for module in model.modules():
+            if isinstance(module, MoERunner) and hasattr(module.router, "set_capture_fn"):
+                layer = module.layer_id
+                module.router.set_capture_fn(lambda ids, layer=layer: self._capture(layer, ids))
+                layers.append(layer)
+        if not layers:
+            raise ValueError("routing capture: no vLLM MoE router with set_capture_fn in this model")
+        return sorted(layers)
+
+    def start(self) -> None:
+        self.active, self._requests, self._step = True, {}, {}
+
+    def _capture(self, layer: int, topk_ids: torch.Tensor) -> None:
+        if self.active:
+            self._step[layer] = topk_ids
+
+    def _after_step(self, module, args, kwargs, output) -> None:
+        if not self.active or not self._step:
+            return
+        step, self._step = self._step, {}
+        num_reqs = self.runner.input_batch.num_reqs
+        bounds = self.runner.query_start_loc.np[: num_reqs + 1].tolist()
+        rows = bounds[-1]
+        missing = [layer for layer in self.layers if layer not in step]
+        if missing or any(step[layer].shape[0] < rows for layer in self.layers):
+            raise RuntimeError(f"routing capture: layers {missing} did not route this step, or routed fewer "
+                               f"than its {rows} tokens (vLLM data-parallel MoE layers are not supported)")
+        # copies: vLLM reuses its input buffers from step to step
+        routing = torch.stack([step[layer][:rows] for layer in self.layers], dim=1).to("cpu", CAPTURE_DTYPE)
+        tokens = kwargs["input_ids"][:rows].to("cpu", copy=True)
+        positions = kwargs["positions"][:rows].to("cpu", copy=True)
+        for i, req_id in enumerate(self.runner.input_batch.req_ids[:num_reqs]):
+            lo, hi = bounds[i], bounds[i + 1]
+            if hi > lo:
+                self._requests.setdefault(req_id, []).append((positions[lo:hi], tokens[lo:hi], routing[lo:hi]))
+
+    def finish(self) -> dict[tuple[int, ...], torch.Tensor]:
+        """Stop; ``{token sequence: routing [len, L, k]}`` of every request whose positions
+        ``0 .. len - 1`` were all run (a request missing a position is left out)."""
+        self.active = False
+        out = {}
+        for chunks in self._requests.values():
+            positions = torch.cat([c[0] for c in chunks])
+            length = int(positions.max()) + 1
+            tokens = torch.full((length,), -1, dtype=torch.long)
+            routing = torch.full((length, len(self.layers), chunks[0][2].shape[-1]), -1, dtype=CAPTURE_DTYPE)
+            tokens[positions] = torch.cat([c[1] for c in chunks]).long()
+            routing[positions] = torch.cat([c[2] for c in chunks])
+            if bool((tokens >= 0).all()):
+                out[tuple(tokens.tolist())] = routing
+        self._requests = {}
+        return out
+
+
+def routing_for(captured: dict[tuple[int, ...], torch.Tensor], prompt: list[int],
+                response: list[int]) -> torch.Tensor:
+    """``[len(prompt) + len(response), L, k]`` routing of one sampled sequence (the last
+    position -1: never run); a KeyError names the sequence when it was not recorded."""
+    seq = list(prompt) + list(response)
+    key = tuple(seq[:-1])
+    if key not in captured:
+        raise KeyError(f"routing capture: no recorded request ran the {len(seq) - 1} tokens of a sampled "
+                       f"sequence (prompt of {len(prompt)} tokens); was the prefix cache on?")
+    routing = captured[key]
+    return torch.cat([routing, routing.new_full((1, *routing.shape[1:]), -1)])
