@@ -67,7 +67,7 @@ def standalone(a) -> dict:
     for name, logprobs in (("no_logprobs", None), ("logprobs", 0)):
         params = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_new_tokens, logprobs=logprobs, seed=None)
 
-        def run():
+        def run(params=params):
             outs = llm.generate(batch, params, use_tqdm=False)
             return sum(len(c.token_ids) for o in outs for c in o.outputs)
 

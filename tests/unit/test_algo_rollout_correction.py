@@ -169,7 +169,8 @@ def test_weighted_actor_loss_is_invariant_to_micro_batching_and_dp(mode):
         lp = base.clone().requires_grad_()
         for rows in splits:
             width = max(int(mask[rows].sum(-1).max()), 1)
-            cut = lambda x: x[rows, :width]  # noqa: E731
+            def cut(x, rows=rows, width=width):
+                return x[rows, :width]
             mb = {"response_mask": cut(mask), "old_log_probs": cut(old), "advantages": cut(adv),
                   "rollout_weights": cut(weights)}
             loss, _ = actor_loss(cfg, **counts)({"log_probs": cut(lp)}, mb)

@@ -17,7 +17,8 @@ def test_generation_is_deterministic_and_splits_disjoint(tmp_path):
     train_c, _ = write_synthetic_dataset(tmp_path / "c", num_train=200, num_test=50, seed=6)
     table_a, table_b = pq.read_table(train_a), pq.read_table(train_b)
     assert table_a.equals(table_b) and not table_a.equals(pq.read_table(train_c))
-    prompts = lambda path: {r["prompt"][0]["content"] for r in pq.read_table(path).to_pylist()}
+    def prompts(path):
+        return {r["prompt"][0]["content"] for r in pq.read_table(path).to_pylist()}
     assert len(prompts(train_a)) == 200 and not prompts(train_a) & prompts(test_a)
 
 

@@ -135,10 +135,13 @@ def run_verify_rollout(args) -> int:
     """Engine -> vLLM: one optimizer step, a sync, then vLLM vs engine log-probs."""
     import torch
 
-    from verl_mp.config.rollout import RolloutConfig, validate_rollout_layout, validate_sync_mode
+    from verl_mp.config.rollout import (
+        RolloutConfig,
+        validate_moe_rollout,
+        validate_rollout_layout,
+        validate_sync_mode,
+    )
     from verl_mp.rollout.compat import check_vllm
-
-    from verl_mp.config.rollout import validate_moe_rollout
 
     parallel = layout_from_args(args)
     spec = preflight(args.model, parallel)

@@ -84,9 +84,8 @@ def main():
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
-    from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
-
     from verl_mp.models.hf_checkpoint import open_hf_checkpoint
+    from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
 
     moe = open_hf_checkpoint(a.model, config_only=True).spec.moe is not None
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,

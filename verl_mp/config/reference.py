@@ -23,7 +23,7 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         body = tree.body[0].body
-        for node, nxt in zip(body, body[1:] + [None]):
+        for node, nxt in zip(body, body[1:] + [None], strict=True):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
                     and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant) \
                     and isinstance(nxt.value.value, str):

@@ -204,7 +204,7 @@ def greedy_scores(model, tok, examples, max_new_tokens: int = 12) -> dict[str, f
         out = model.generate(torch.tensor([e[0] for e in group]), max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=tok.eos_token_id,
                              pad_token_id=tok.pad_token_id)
-        for example, row in zip(group, out):
+        for example, row in zip(group, out, strict=True):
             text = tok.decode(row[length:], skip_special_tokens=True)
             exact += arith_exact_reward("", text, example[-1])["score"]
             lenient += arith_exact_reward("", text.strip().removesuffix("."), example[-1])["score"]

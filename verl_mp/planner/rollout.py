@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_mp.planner.dims import Layout, ModelDims, largest_tensor_params, stage_expert_params, total_params, vocab_rows
+from verl_mp.planner.dims import (
+    Layout,
+    ModelDims,
+    largest_tensor_params,
+    stage_expert_params,
+    total_params,
+    vocab_rows,
+)
 
 GIB = 2**30
 VLLM_ASLEEP_BYTES = 1 * GIB

@@ -17,7 +17,12 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_moe_rollout, validate_rollout_layout
+from verl_mp.config.rollout import (
+    RolloutConfig,
+    SamplingConfig,
+    validate_moe_rollout,
+    validate_rollout_layout,
+)
 from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm
 from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot

@@ -12,13 +12,15 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from verl_mp.bridge.transport import Manifest, TransferStats, WeightChannel, drain, receive, send
-from verl_mp.bridge.weight_sync import WeightSync, refuse_unsupported
+from verl_mp.bridge.weight_sync import WeightSync
 from verl_mp.plan import RunPlan
 
 
 def actor_sync(plan: RunPlan, actor) -> WeightSync:
     """The actor side's generator of full HF tensors (bucketed TP gathers and PP broadcasts)."""
-    refuse_unsupported(actor.spec)
+    if actor.spec.moe is not None:  # preflight refuses it first (trainer/setup.py _check_moe)
+        raise NotImplementedError("a mixture-of-experts model with the rollout on a pool of its own: the weight "
+                                  "channel sends dense layouts only; colocate the rollout with the actor")
     return WeightSync(actor.spec, actor.chunks, actor.state, plan.rollout.weight_sync_bucket_mb, "gather")
 
 
