@@ -43,13 +43,14 @@ def moe_inputs(tmp_path_factory):
      r"actor.megatron.expert_model_parallel_size=3 must divide the number of experts \(4\)"),
     (["actor.megatron.tensor_model_parallel_size=2"], r"needs actor.megatron.sequence_parallel=true"),
     (["algorithm.adv_estimator=gae"], r"a critic .* is not supported for it yet; use a critic-free estimator"),
-], ids=["ep not dividing experts", "tp without sp", "critic"])
+    (["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.placement.roles.rollout=gen"],
+     r"a rollout on a pool of its own \(trainer.placement.roles.rollout='gen'\) is not supported for it yet"),
+], ids=["ep not dividing experts", "tp without sp", "critic", "rollout on its own pool"])
 def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, message):
     from verl_mp.trainer.setup import preflight
 
     with pytest.raises(ValueError, match=message):
         preflight(load_config("grpo", [*moe_inputs, *overrides]))
-
 
 
 def test_preflight_plans_an_expert_parallel_run(moe_inputs):
