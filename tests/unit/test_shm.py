@@ -91,8 +91,8 @@ def test_processes_of_a_run_are_found_by_identity_and_ended():
     try:
         assert procs.run_processes(dead_driver) == {mine: dead_driver}
         ended = procs.reap_orphaned_runs()
-        assert mine in ended and not procs._alive(mine)  # its driver on this host is gone: ended
-        assert foreign not in ended and procs._alive(foreign)  # a pid of another host says nothing here
-        assert procs.reap_run(other_host) == [foreign] and not procs._alive(foreign)
+        assert mine in ended and not shm.pid_alive(mine)  # its driver on this host is gone: ended
+        assert foreign not in ended and shm.pid_alive(foreign)  # a pid of another host says nothing here
+        assert procs.reap_run(other_host) == [foreign] and not shm.pid_alive(foreign)
     finally:
         procs.end_processes([mine, foreign], grace_s=0.5)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from verl_mp.utils.buckets import pack_buckets
 from verl_mp.utils.dtypes import TORCH_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -54,15 +55,7 @@ class Manifest:
     def plan(cls, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, bucket_bytes: int) -> Manifest:
         """Bucket ``shapes`` (name -> shape, in send order) for ``bucket_bytes``-sized buffers."""
         names, sizes = list(shapes), [_numel(s) * dtype.itemsize for s in shapes.values()]
-        buckets, current, size = [], [], 0
-        for i, nbytes in enumerate(sizes):
-            if current and size + nbytes > bucket_bytes:
-                buckets.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += nbytes
-        if current:
-            buckets.append(current)
+        buckets = pack_buckets(sizes, bucket_bytes)
         key = next(k for k, v in TORCH_DTYPES.items() if v == dtype)
         return cls(names, [tuple(s) for s in shapes.values()], key, buckets)
 

@@ -49,6 +49,7 @@ from verl_mp.engine.runtime import ParallelState
 from verl_mp.models.convert import megatron_to_hf
 from verl_mp.models.spec import GPTSpec
 from verl_mp.rollout.types import ExpertLayout, split_expert_slot
+from verl_mp.utils.buckets import pack_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -162,17 +163,8 @@ class WeightSync:
     def _buckets(self, entries: list[_Entry]) -> list[list[int]]:
         """Consecutive entries up to the bucket size; a bucket has one source (its stage, and
         for routed experts in ``gather`` mode, one EP rank)."""
-        buckets, current, size = [], [], 0
-        for i, e in enumerate(entries):
-            nbytes = e.numel * self.dtype.itemsize
-            if current and (size + nbytes > self.bucket_bytes or e.ep_owner != entries[current[0]].ep_owner):
-                buckets.append(current)
-                current, size = [], 0
-            current.append(i)
-            size += nbytes
-        if current:
-            buckets.append(current)
-        return buckets
+        return pack_buckets([e.numel * self.dtype.itemsize for e in entries], self.bucket_bytes,
+                            lambda first, i: entries[i].ep_owner == entries[first].ep_owner)
 
     def planned_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of every tensor `iter_weights` yields on this rank (no data moved)."""

@@ -19,7 +19,7 @@ import re
 import signal
 import time
 
-from verl_mp.utils.shm import RUN_ID_ENV, host_tag
+from verl_mp.utils.shm import RUN_ID_ENV, host_tag, pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def end_processes(pids: list[int], grace_s: float = 5.0) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         deadline = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while sig == signal.SIGTERM and time.monotonic() < deadline and any(pid_alive(p) for p in pids):
             time.sleep(0.1)
 
 
@@ -79,22 +79,8 @@ def reap_orphaned_runs() -> list[int]:
     """End the processes of runs whose driver (the pid in their identity) is gone."""
     host = host_tag()
     orphans = [pid for pid, rid in run_processes().items()
-               if (m := _RUN_PID.match(rid)) and m.group(2) == host and not _alive(int(m.group(1)))]
+               if (m := _RUN_PID.match(rid)) and m.group(2) == host and not pid_alive(int(m.group(1)))]
     if orphans:
         logger.warning("ending %d process(es) left by runs whose driver is gone: %s", len(orphans), orphans)
         end_processes(orphans)
     return orphans
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

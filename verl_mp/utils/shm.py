@@ -177,7 +177,7 @@ def sweep_stale() -> list[str]:
     except OSError:
         records = []
     for entry in records:
-        if not entry.endswith(".json") or not entry[:-5].isdigit() or _alive(int(entry[:-5])):
+        if not entry.endswith(".json") or not entry[:-5].isdigit() or pid_alive(int(entry[:-5])):
             continue
         path = os.path.join(record_dir, entry)
         try:
@@ -196,14 +196,19 @@ def sweep_stale() -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: it holds no memory and no segment)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _owned(name: str) -> bool:
