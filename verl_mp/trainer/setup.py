@@ -165,10 +165,10 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
             logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
                            cfg.model.path)
         return
-    if not placement.colocated("rollout"):
-        raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a rollout on a pool of its own "
-                         f"(trainer.placement.roles.rollout={placement.roles['rollout']!r}) is not supported for it "
-                         "yet (the weight channel sends dense layouts only); colocate the rollout with the actor")
+    if replay == "rollout" and cfg.trainer.off_policy_steps:
+        raise ValueError(f"actor.router_replay=rollout with trainer.off_policy_steps={cfg.trainer.off_policy_steps}: "
+                         "checkpoints do not save the routing of the generations in flight yet, so a resumed run "
+                         "could not replay it; use actor.router_replay=old_logprob (or off), or off_policy_steps=0")
     if replay == "rollout" and cfg.rollout.backend != "vllm":
         raise ValueError("actor.router_replay=rollout needs rollout.backend=vllm (the rollout records the routing)")
     if replay != "off" and cfg.actor.recompute != "none" and cfg.actor.megatron.pipeline_model_parallel_size > 1:
@@ -180,7 +180,7 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
     from verl_mp.config.rollout import validate_moe_rollout
 
     if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):  # the ranks run here, on CPU
-        validate_moe_rollout(cfg.rollout, cfg.trainer.world_size, cuda=False)
+        validate_moe_rollout(cfg.rollout, placement.pool_size("rollout"), cuda=False)
     if critic_enabled(cfg):
         raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
                          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "

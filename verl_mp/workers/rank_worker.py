@@ -65,7 +65,9 @@ class RankWorker:
         self.channel = None
         """The weight channel of a rollout on ranks of its own (`open_weight_channel`)."""
         if "rollout" in self.roles and self.actor is None:  # the rollout on a pool of its own
-            self.rollout = build_rollout(plan.rollout, plan.model_path, rollout_link.rollout_kv_heads(plan.model_path))
+            spec = rollout_link.model_spec(plan.model_path)
+            self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
+                                         record_routing=plan.actor_loss.router_replay == "rollout")
         elif self.actor is not None and plan.has("rollout") and "rollout" not in self.roles:
             self.sync = rollout_link.actor_sync(plan, self.actor)
 

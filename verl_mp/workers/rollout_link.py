@@ -18,19 +18,18 @@ from verl_mp.plan import RunPlan
 
 def actor_sync(plan: RunPlan, actor) -> WeightSync:
     """The actor side's generator of full HF tensors (bucketed TP gathers and PP broadcasts)."""
-    if actor.spec.moe is not None:  # preflight refuses it first (trainer/setup.py _check_moe)
-        raise NotImplementedError("a mixture-of-experts model with the rollout on a pool of its own: the weight "
-                                  "channel sends dense layouts only; colocate the rollout with the actor")
     return WeightSync(actor.spec, actor.chunks, actor.state, plan.rollout.weight_sync_bucket_mb, "gather")
 
 
-def rollout_kv_heads(model_path: str) -> int:
-    """KV heads of the model (the rollout's TP must divide them), read from its config.json."""
+def model_spec(model_path: str):
+    """The model's `GPTSpec`, read from its config.json (a rollout rank has no engine to ask:
+    its KV heads bound the rollout's TP; a mixture-of-experts model needs vLLM's expert
+    reload)."""
     from transformers import AutoConfig
 
     from verl_mp.models.hf_config import spec_from_hf_config
 
-    return spec_from_hf_config(AutoConfig.from_pretrained(model_path)).num_query_groups
+    return spec_from_hf_config(AutoConfig.from_pretrained(model_path))
 
 
 def open_channel(plan: RunPlan, sync: WeightSync | None, host: str, port: int) -> WeightChannel | None:
