@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from verl_mp.config.parallel import validate_layout
+from verl_mp.config.placement import resolve_placement
 from verl_mp.config.rollout import validate_rollout_layout
 from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
+from verl_mp.plan import enabled_roles
 from verl_mp.planner.plan import Plan, PlanOptions, plan
 
 KINDS = ("parallelism", "micro-batch", "recompute", "offload", "rollout memory", "combined")
@@ -67,7 +69,7 @@ def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, st
     new_tp = tp * 2
     if spec.num_query_groups % new_tp == 0 and spec.num_attention_heads % new_tp == 0:
         ovr = [f"actor.megatron.tensor_model_parallel_size={new_tp}"]
-        if cfg.rollout.tensor_model_parallel_size == tp:
+        if cfg.rollout.tensor_model_parallel_size == tp and "rollout_pool" not in base.info:  # keep local sync
             ovr.append(f"rollout.tensor_model_parallel_size={new_tp}")
         out.append(("parallelism", f"raise actor TP to {new_tp}", ovr))
     if spec.num_layers % (pp * 2) == 0:
@@ -91,6 +93,10 @@ def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, st
     util = _fitting_utilization(cfg, base)
     if util is not None:
         out.append(("rollout memory", f"lower vLLM's share to {util}", [f"rollout.gpu_memory_utilization={util}"]))
+    rollout_tp = cfg.rollout.tensor_model_parallel_size * 2
+    if base.problems and spec.num_query_groups % rollout_tp == 0:  # a KV cache too small for one sequence
+        out.append(("rollout memory", f"raise rollout TP to {rollout_tp}",
+                    [f"rollout.tensor_model_parallel_size={rollout_tp}"]))
     return out
 
 
@@ -107,9 +113,12 @@ def _micro_batch_candidates(cfg: RootConfig, role: str) -> list[tuple[str, str, 
 
 
 def _fitting_utilization(cfg: RootConfig, base: Plan) -> float | None:
-    """The largest gpu_memory_utilization (a multiple of 0.05) at which the generate and
-    start phases fit, if lower than the current one."""
-    rollout_phases = [ph for ph in base.phases if ph.name in ("start", "generate")]
+    """The largest gpu_memory_utilization (a multiple of 0.05) at which the phases with vLLM
+    awake fit (start and generate; every phase of a rollout on its own pool), if lower than
+    the current one."""
+    apart = "rollout_pool" in base.info
+    rollout_phases = [ph for ph in base.phases if (ph.pool == "rollout" if apart else
+                                                   ph.pool == "actor" and ph.name in ("start", "generate"))]
     if not rollout_phases:
         return None
     others = max(ph.total - ph.parts["vllm"] for ph in rollout_phases)
@@ -133,7 +142,8 @@ def _check_batches(cfg: RootConfig, spec: GPTSpec) -> None:
     dp = validate_layout(cfg.actor.megatron, world, spec.shape)
     if (cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n) % dp:
         raise ValueError("mini-batch not divisible by the data-parallel size")
-    validate_rollout_layout(cfg.rollout, world, spec.num_query_groups)
+    placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
+    validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
 
 
 def _combine(cfg, spec, options, base: Plan) -> Suggestion | None:

@@ -29,10 +29,25 @@ def failure_message(result: Plan, suggestions) -> str:
     parts = []
     for ph in result.over:
         held = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items() if v)
-        parts.append(f"{ph.name} needs {gib(ph.total)} GiB per GPU ({held}; {ph.notes})")
+        where = "" if ph.pool == "actor" else f" on the {_pool_name(result, ph.pool)}"
+        parts.append(f"{ph.name}{where} needs {gib(ph.total)} GiB per GPU ({held}; {ph.notes})"
+                     f"{_ROLLOUT_POOL_FIX if ph.pool == 'rollout' else ''}")
     msg = f"the run does not fit GPUs of {gib(result.gpu_bytes)} GiB: " + "; ".join(parts + result.problems)
     fixes = [f"[{' '.join(s.overrides)}] -> peak {gib(s.peak_bytes)} GiB{'' if s.fits else ' (still over)'}"
              for s in suggestions[:MAX_FIXES]]
     if fixes:
         msg += ". Fixes: " + "; ".join(fixes)
     return msg + " (verl-mp plan shows every phase)"
+
+
+_ROLLOUT_POOL_FIX = (": vLLM alone takes rollout.gpu_memory_utilization x GPU there; lower "
+                     "rollout.gpu_memory_utilization (raise rollout.tensor_model_parallel_size if its KV cache "
+                     "then holds too few tokens)")
+
+
+def _pool_name(result: Plan, pool: str) -> str:
+    """``critic pool`` / ``rollout pool 'gen' (2 GPUs)``."""
+    if pool == "rollout" and "rollout_pool" in result.info:
+        name, ranks = result.info["rollout_pool"]
+        return f"rollout pool {name!r} ({ranks} GPUs)"
+    return f"{pool} pool"

@@ -16,6 +16,11 @@ Phases of one step on the actor's pool (the order of `verl_mp.trainer.loop`):
 - ``sync``: vLLM's weights awake (its KV cache still released) plus the sync bucket.
 
 A critic on its own pool (``trainer.placement``) gets its own phases (pool ``critic``).
+A rollout on its own pool (``trainer.placement.roles.rollout``) leaves the actor's pool
+without vLLM (no ``generate`` phase there; its ``sync`` adds the weight channel's send
+buffers on rank 0) and gets phases of its own (pool ``rollout``): vLLM awake at its own TP
+in ``start``, ``generate`` and ``sync`` (which adds the receive buffers), plus a reward
+model placed on that pool.
 By default PyTorch's cached blocks are released between phases (the hand-off of issue
 21). With ``PlanOptions(cache_released=False)`` (today's trainer, which never empties the
 cache) every phase after ``start`` also holds the largest transient of the step as cached
@@ -130,23 +135,58 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
         critic = _engine(cfg, "critic", dims.critic(), critic_layout(cfg), placement.pool_size("critic"),
                          spec, seq, mini_rows)
     critic_here = critic is not None and placement.colocated("critic")
-    p = mem.DTYPE_BYTES[cfg.model.dtype]
-    if cfg.rollout.backend == "vllm":
-        rollout = ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p,
-                                    cfg.rollout.gpu_memory_utilization, options.gpu_bytes, world=world)
-    else:
-        rollout = ro.hf_rollout_memory(dims, p)
-    ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, rollout,
-                   _reward_model_bytes(cfg) if cfg.reward_model.enable and placement.colocated("reward_model") else 0)
-    phases = [_worst_stage(ctx, name, actor.layout.pp) for name in _actor_pool_phases(ref, critic_here)]
+    apart = not placement.colocated("rollout")
+    rollout_world = placement.pool_size("rollout")
+    rollout = _rollout_memory(cfg, dims, options, rollout_world)
+    rm = _reward_model_bytes(cfg) if cfg.reward_model.enable else 0
+    # a reward model mapped to the rollout's pool is planned on the rollout's GPUs (an upper
+    # bound: Ray starts it as a worker group of its own, with GPUs of its own)
+    rm_pool = "actor" if placement.colocated("reward_model") else \
+        "rollout" if apart and placement.roles["reward_model"] == placement.roles["rollout"] else None
+    ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, None if apart else rollout,
+                   rm if rm_pool == "actor" else 0, rollout_apart=apart)
+    phases = [_worst_stage(ctx, name, actor.layout.pp) for name in _actor_pool_phases(ref, critic_here, apart)]
     if critic is not None and not critic_here:
         phases += [_worst_stage(_Context(cfg, options, None, None, critic, None, 0), name, critic.layout.pp,
                                 pool="critic") for name in ("start", "values", "update_critic")]
+    if apart:
+        phases += _rollout_pool_phases(cfg, options, dims, rollout, rm if rm_pool == "rollout" else 0)
     if not options.cache_released:
         phases = _with_cached_blocks(phases)
-    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=_info(cfg, dims, actor, critic, rollout, seq))
-    result.problems = _rollout_problems(cfg, rollout) if cfg.rollout.backend == "vllm" else []
+    info = _info(cfg, dims, actor, critic, rollout, seq, rollout_world)
+    if apart:
+        info["rollout_pool"] = (placement.roles["rollout"], rollout_world)
+    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=info)
+    result.problems = _rollout_problems(cfg, rollout, info.get("rollout_pool")) \
+        if cfg.rollout.backend == "vllm" else []
     return result
+
+
+def _rollout_memory(cfg: RootConfig, dims: ModelDims, options: PlanOptions, world: int) -> ro.RolloutMemory:
+    """Per-GPU bytes of the rollout engine on its ``world`` ranks (the actor's or its own pool)."""
+    p = mem.DTYPE_BYTES[cfg.model.dtype]
+    if cfg.rollout.backend != "vllm":
+        return ro.hf_rollout_memory(dims, p)
+    return ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p, cfg.rollout.gpu_memory_utilization,
+                             options.gpu_bytes, world=world)
+
+
+def _rollout_pool_phases(cfg: RootConfig, options: PlanOptions, dims: ModelDims, rollout: ro.RolloutMemory,
+                         reward_model: int) -> list[PhaseMemory]:
+    """One rank of a rollout on its own pool: the engine alone, awake all the time (nothing
+    else there needs its memory), and during a sync the channel's receive buffers. The
+    overhead (CUDA context, vLLM's TP communicator and the channel's) is outside vLLM's
+    budget, as on the actor's pool."""
+    tp = cfg.rollout.tensor_model_parallel_size
+    receive = ro.channel_receive_bytes(dims, tp, cfg.rollout.weight_sync_bucket_mb, mem.DTYPE_BYTES[cfg.model.dtype])
+    awake = "vLLM awake" if rollout.sleeps else "HF rollout model resident"
+    out = []
+    for name in ("start", "generate", "sync"):
+        parts = {"actor": 0, "ref": 0, "critic": 0, "reward_model": reward_model, "vllm": rollout.budget,
+                 "work": receive if name == "sync" else 0, "overhead": options.overhead_bytes}
+        notes = f"{awake} (rollout TP{tp})" + ("; weight channel receive buffers" if name == "sync" else "")
+        out.append(PhaseMemory(name, "rollout", 0, parts, notes))
+    return out
 
 
 def _with_cached_blocks(phases: list[PhaseMemory]) -> list[PhaseMemory]:
@@ -172,8 +212,8 @@ def _engine(cfg: RootConfig, role: str, dims: ModelDims, parallel: ParallelConfi
                      distributed_optimizer=section.optim.use_distributed_optimizer)
 
 
-def _actor_pool_phases(ref, critic_here: bool) -> list[str]:
-    names = ["start", "generate", "old_log_prob"]
+def _actor_pool_phases(ref, critic_here: bool, rollout_apart: bool) -> list[str]:
+    names = ["start"] + ([] if rollout_apart else ["generate"]) + ["old_log_prob"]
     if ref is not None:
         names.append("ref_log_prob")
     if critic_here:
@@ -189,7 +229,10 @@ class _Context:
     ref: EngineUse | None
     critic: EngineUse | None
     rollout: ro.RolloutMemory | None
+    """The rollout engine in these processes (None: none here)."""
     reward_model: int
+    rollout_apart: bool = False
+    """The rollout has a pool of its own: the sync sends over the weight channel."""
 
 
 def _worst_stage(ctx: _Context, name: str, pp: int, pool: str = "actor") -> PhaseMemory:
@@ -230,9 +273,22 @@ def _phase(ctx: _Context, name: str, stage: int, pool: str) -> PhaseMemory:
         parts["work"] = max(sum(engine.train_peak(stage, impl, entropy).values()),
                             engine.optimizer_step_transient(stage))
     elif name == "sync":
-        mode = ro.sync_mode(ctx.cfg.rollout.weight_sync_mode, a.layout.tp, ctx.cfg.rollout.tensor_model_parallel_size)
-        parts["work"] = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, ctx.cfg.rollout.weight_sync_bucket_mb, a.p)
+        parts["work"] = _sync_bytes(ctx, stage)
+        if ctx.rollout_apart:
+            asleep.append("weight channel send buffers on rank 0" if stage == 0 else "gather sync, no sender")
     return PhaseMemory(name, pool, stage, parts, "; ".join(asleep + _offload_notes(ctx, name)))
+
+
+def _sync_bytes(ctx: _Context, stage: int) -> int:
+    """The sync's transient on the actor's pool: the sync's bucket and gathers, plus, with the
+    rollout on its own pool (always a ``gather`` sync there), the channel's send buffers on
+    the actor's rank 0 (pipeline stage 0)."""
+    a, r = ctx.actor, ctx.cfg.rollout
+    mode = "gather" if ctx.rollout_apart else ro.sync_mode(r.weight_sync_mode, a.layout.tp, r.tensor_model_parallel_size)
+    work = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, r.weight_sync_bucket_mb, a.p)
+    if ctx.rollout_apart and stage == 0:
+        work += ro.channel_send_bytes(a.dims, r.weight_sync_bucket_mb, a.p)
+    return work
 
 
 def _offload_notes(ctx: _Context, name: str) -> list[str]:
@@ -246,14 +302,18 @@ def _offload_notes(ctx: _Context, name: str) -> list[str]:
     return notes
 
 
-def _rollout_problems(cfg: RootConfig, rollout: ro.RolloutMemory) -> list[str]:
+def _rollout_problems(cfg: RootConfig, rollout: ro.RolloutMemory, pool: tuple[str, int] | None) -> list[str]:
+    """``pool``: (name, ranks) of the rollout's own pool (None: on the actor's GPUs)."""
     need = cfg.rollout.max_model_len
     if rollout.kv_tokens >= need:
         return []
-    return [f"vLLM's KV cache would hold {rollout.kv_tokens} tokens ({rollout.kv_cache / GIB:.1f} GiB = "
+    where = "" if pool is None else f"on the rollout pool {pool[0]!r} ({pool[1]} GPUs), "
+    fix = "" if pool is None else (f"; raise rollout.gpu_memory_utilization or rollout.tensor_model_parallel_size="
+                                   f"{cfg.rollout.tensor_model_parallel_size} (fewer weights per GPU)")
+    return [f"{where}vLLM's KV cache would hold {rollout.kv_tokens} tokens ({rollout.kv_cache / GIB:.1f} GiB = "
             f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} x GPU - weights "
             f"{rollout.weights / GIB:.1f} GiB - workspace {rollout.workspace / GIB:.1f} GiB), fewer than "
-            f"rollout.max_model_len={need}: vLLM refuses to start"]
+            f"rollout.max_model_len={need}: vLLM refuses to start{fix}"]
 
 
 def _reward_model_bytes(cfg: RootConfig) -> int:
@@ -272,12 +332,13 @@ def _reward_model_bytes(cfg: RootConfig) -> int:
 
 
 def _info(cfg: RootConfig, dims: ModelDims, actor: EngineUse, critic: EngineUse | None,
-          rollout: ro.RolloutMemory, seq: int) -> dict:
-    rollout_dp = cfg.trainer.world_size // cfg.rollout.tensor_model_parallel_size
+          rollout: ro.RolloutMemory, seq: int, rollout_world: int) -> dict:
+    rollout_dp = rollout_world // cfg.rollout.tensor_model_parallel_size
     rows_per_engine = math.ceil(cfg.data.train_batch_size * cfg.rollout.sampling.n / rollout_dp)
     info = {
         "params": total_params(dims),
         "rollout_backend": cfg.rollout.backend,
+        "rollout_tp": cfg.rollout.tensor_model_parallel_size,
         "world": cfg.trainer.world_size,
         "actor_layout": actor.layout,
         "seq": seq,

@@ -10,6 +10,13 @@ its weights only.
 
 The sync (`verl_mp.bridge.weight_sync`) holds, beyond the rank's own shards, one bucket
 of ``rollout.weight_sync_bucket_mb`` plus, in ``gather`` mode, one TP-gathered tensor.
+
+A rollout on a pool of its own gets the weights over a channel
+(`verl_mp.bridge.transport`): the actor's rank 0 holds two send buffers (one bucket on the
+wire while the next fills); each rollout rank receives into a fresh buffer per bucket (the
+next one posted while vLLM loads this one) and vLLM's layer-wise reload keeps the pieces of
+a module until its last piece arrives, then builds the module's shard anew before copying
+it in place (`channel_receive_bytes`).
 """
 
 from __future__ import annotations
@@ -106,3 +113,39 @@ def sync_transient_bytes(d: ModelDims, train_tp: int, mode: str, bucket_mb: int,
         return max(bucket, largest_tensor_params(d, train_tp, gathered=False) * p)
     gathered = largest_tensor_params(d, train_tp, gathered=True) * p
     return max(bucket, gathered) + gathered
+
+
+def channel_bucket_bytes(d: ModelDims, bucket_mb: int, p: int) -> int:
+    """One bucket of the weight channel: ``bucket_mb``, or the largest HF tensor, which gets
+    a bucket of its own when larger (`verl_mp.utils.buckets.pack_buckets`)."""
+    return max(bucket_mb * 2**20, largest_hf_tensor_params(d) * p)
+
+
+def channel_send_bytes(d: ModelDims, bucket_mb: int, p: int) -> int:
+    """Send buffers on the actor's rank 0 (`transport.send`): the bucket being filled and the
+    one on the wire."""
+    return 2 * channel_bucket_bytes(d, bucket_mb, p)
+
+
+def channel_receive_bytes(d: ModelDims, tp: int, bucket_mb: int, p: int) -> int:
+    """Receive-side transient on one rollout rank (`transport.receive` + vLLM 0.32's
+    layer-wise reload): the bucket being loaded, the next one posted, the previous one while
+    it holds the first pieces of a module split over the boundary (gate/up, q/k/v: their
+    pieces are consecutive, so one earlier bucket at most), and the module's shard that vLLM
+    materializes when the module is complete."""
+    return 3 * channel_bucket_bytes(d, bucket_mb, p) + largest_module_shard_params(d, tp) * p
+
+
+def largest_hf_tensor_params(d: ModelDims) -> int:
+    """Elements of the largest tensor in HF layout (embedding / LM head, q_proj, gate_proj);
+    routed experts travel per expert (a mixture of experts is refused on a split rollout)."""
+    ffn = d.ffn if d.moe is None else max(d.moe.ffn_hidden_size, d.moe.shared_ffn_hidden_size)
+    return max(d.vocab * d.hidden, d.heads * d.head_dim * d.hidden, ffn * d.hidden)
+
+
+def largest_module_shard_params(d: ModelDims, tp: int) -> int:
+    """Elements of vLLM's largest module on one rollout-TP rank: the embedding / LM head
+    rows, the fused QKV or the fused gate/up projection."""
+    ffn = d.ffn if d.moe is None else max(d.moe.ffn_hidden_size, d.moe.shared_ffn_hidden_size)
+    qkv = (d.heads + 2 * d.kv_heads) * d.head_dim * d.hidden // tp
+    return max(vocab_rows(d, tp) * d.hidden, qkv, 2 * ffn * d.hidden // tp)
