@@ -1,8 +1,8 @@
 """Split placement and the reward model through the real CLI on CPU (PPO, 2 steps).
 
-A Ray run puts the critic (TP=1) and the reward model on pools of their own next to the
-actor group (Megatron TP=2 + vLLM TP=2): four Ray workers, three torch worlds; it stops
-after step 1 and resumes for step 2. A torchrun run of the same PPO config hosts every
+A Ray run puts the critic (TP=1) and the reward model on one pool of their own next to
+the actor group (Megatron TP=2 + vLLM TP=2): roles on one pool share its rank, so three Ray
+workers, two torch worlds; it stops after step 1 and resumes for step 2. A torchrun run of the same PPO config hosts every
 role on the two actor ranks (critic at TP=2, reward model scoring on both ranks). Same
 seeds and fp32: both must compute the same rewards, values and losses.
 """
@@ -58,12 +58,12 @@ def _common(inputs, out, launcher, rm_path):
 
 @pytest.fixture(scope="module")
 def split_run(tiny_run_inputs, reward_model_path, tmp_path_factory):
-    """Ray: critic (TP=1) and reward model on pools of their own; stopped after step 1 and
-    resumed from its checkpoint for step 2."""
+    """Ray: critic (TP=1) and reward model on one pool of their own (one worker hosts both);
+    stopped after step 1 and resumed from its checkpoint for step 2."""
     out = tmp_path_factory.mktemp("split") / "run"
     args = ["--config-name", "ppo_split", *_common(tiny_run_inputs, out, "ray", reward_model_path),
             "critic.megatron.tensor_model_parallel_size=1", "trainer.placement.pools.critic=[1]",
-            "trainer.placement.pools.rm=[1]", "trainer.placement.roles.reward_model=rm"]
+            "trainer.placement.roles.reward_model=critic"]
     run_cli(args + ["trainer.max_steps_this_run=1"])
     run_cli(args)
     return out, (out / "logs" / "driver.log").read_text()  # the driver's full log (the console is quiet)
@@ -93,7 +93,9 @@ def test_split_critic_trains_checkpoints_and_resumes(split_run):
         ckpt = out / "checkpoints" / f"global_step_{step}"
         assert (ckpt / "meta.json").exists() and (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()
     saved = OmegaConf.load(out / "config.yaml").trainer.placement
-    assert saved.roles == {"critic": "critic", "reward_model": "rm"} and saved.pools.critic == [1]
+    assert saved.roles == {"critic": "critic", "reward_model": "critic"} and saved.pools.critic == [1]
+    groups = OmegaConf.load(out / "plan.yaml").groups  # one group, one worker, hosts both roles
+    assert sorted(groups) == ["actor_rollout_ref", "critic"] and groups.critic.roles == ["critic", "reward_model"]
 
 
 def _check_reward_model_metrics(steps):

@@ -53,6 +53,16 @@ def test_roles_follow_the_algorithm():
     assert ppo.critic is not None and ppo.critic.role == "critic"  # gae declares it needs values
 
 
+def test_roles_on_one_pool_share_its_group():
+    rm = ["model.path=m", "trainer.launcher=ray", "reward_model.enable=true", "reward_model.path=rm"]
+    shared = build_plan(load_config("ppo_split", [*rm, "trainer.placement.roles.reward_model=critic"]))
+    assert {n: (g.pool, g.roles) for n, g in shared.groups.items()} == {
+        "actor_rollout_ref": ("global", ["actor", "rollout", "ref"]), "critic": ("critic", ["critic", "reward_model"])}
+    apart = build_plan(load_config("ppo_split", [*rm, "trainer.placement.pools.rm=[1]",
+                                                 "trainer.placement.roles.reward_model=rm"]))
+    assert [g.roles for g in apart.groups.values()] == [["actor", "rollout", "ref"], ["critic"], ["reward_model"]]
+
+
 def test_a_plugin_estimator_declares_what_it_needs():
     @advantage_estimator(inputs=("values", "ref_log_probs"), params={"gamma": "gamma"})
     def needs_both(token_level_rewards, response_mask, values, ref_log_probs, gamma):

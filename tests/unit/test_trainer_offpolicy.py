@@ -208,6 +208,8 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.pla
     (["data.filter_groups.enable=true", "rollout.sampling.n=1"], r"rollout.sampling.n=1 must be >= 2"),
     (["trainer.off_policy_steps=-1"], r"trainer.off_policy_steps=-1 must be >= 0"),
     (["data.filter_groups.max_extra_rounds=-1"], r"max_extra_rounds=-1 must be >= 0"),
+    ([*SPLIT, "reward_model.enable=true", "reward_model.path=rm", "trainer.placement.roles.reward_model=gen"],
+     r"trainer.placement.roles.rollout='gen' is also the pool of reward_model: .* give reward_model another pool"),
 ])
 def test_preflight_refuses(tmp_path, overrides, message):
     from verl_mp.config.placement import resolve_placement

@@ -4,14 +4,16 @@ A pool is a named set of ranks: one entry per node, each the number of ranks (de
 that node gives the pool, e.g. ``[8, 8]`` = 2 nodes x 8. The pool ``global`` is
 ``trainer.nnodes`` x ``[trainer.nproc]`` unless defined otherwise, and hosts every role
 that is not mapped elsewhere. Roles on the pool of ``actor_rollout_ref`` are colocated in
-its `RankWorker` processes; a role on another pool gets its own Ray worker group there
-(split placement). Example (PPO, critic on 4 ranks of its own)::
+its `RankWorker` processes; the roles on another pool get one Ray worker group there
+(split placement), whose processes host them all (a critic and a reward model on one pool
+share its ranks and devices). Example (PPO, critic on 4 ranks of its own)::
 
     trainer.placement.pools.critic=[4] trainer.placement.roles.critic=critic
 
 The rollout (vLLM) may have a pool of its own too: it then runs at its own TP on those
-ranks, receives the actor's weights after every update over the collective backend, and
-may generate ahead of training (``trainer.off_policy_steps``)::
+ranks (alone: no other role may share its pool), receives the actor's weights after every
+update over the collective backend, and may generate ahead of training
+(``trainer.off_policy_steps``)::
 
     trainer.placement.pools.gen=[2] trainer.placement.roles.rollout=gen
 """

@@ -158,12 +158,16 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
 
 def _groups(placement: Placement, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, GroupPlan]:
     """The actor's group (with its reference and every colocated role) and one group per
-    role on a pool of its own."""
+    other pool, named after its first role: roles placed on one pool share its ranks (and
+    GPUs), hosted by the same processes. A rollout on a pool of its own hosts vLLM alone
+    (preflight refuses other roles on its pool)."""
     rollout_here = placement.colocated("rollout")
     groups = {"actor_rollout_ref": ["actor"] + (["rollout"] if rollout_here else []) + (["ref"] if use_ref else [])}
+    by_pool = {placement.roles["actor_rollout_ref"]: "actor_rollout_ref"}
     for role, enabled in (("critic", use_critic), ("reward_model", use_rm), ("rollout", not rollout_here)):
         if enabled:
-            groups.setdefault("actor_rollout_ref" if placement.colocated(role) else role, []).append(role)
+            name = by_pool.setdefault(placement.roles[role], role)
+            groups.setdefault(name, []).append(role)
     return {name: GroupPlan(name=name, pool=placement.roles[name], node_counts=placement.node_counts(name),
                             roles=roles) for name, roles in groups.items()}
 

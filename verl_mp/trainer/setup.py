@@ -100,6 +100,14 @@ def preflight(cfg: RootConfig) -> RunPlan:
 def _check_rollout_pool(cfg: RootConfig, placement) -> None:
     """A rollout on its own pool, off-policy steps and dynamic sampling: what they need."""
     apart = not placement.colocated("rollout")
+    pool = placement.roles["rollout"]
+    sharing = [key for key, on in (("critic", critic_enabled(cfg)), ("reward_model", cfg.reward_model.enable))
+               if on and apart and placement.roles[key] == pool]
+    if sharing:
+        raise ValueError(f"trainer.placement.roles.rollout={pool!r} is also the pool of "
+                         f"{', '.join(sharing)}: a rollout on a pool of its own keeps vLLM awake there and shares "
+                         f"it with nothing; give {', '.join(sharing)} another pool (trainer.placement.roles."
+                         f"{sharing[0]}=<pool>) or colocate it with the actor")
     if apart and cfg.rollout.weight_sync_mode == "local":
         raise ValueError(f"rollout.weight_sync_mode=local copies shards inside the actor's processes, but "
                          f"trainer.placement.roles.rollout={placement.roles['rollout']!r} puts the rollout on ranks "
