@@ -146,3 +146,24 @@ def test_cli_prints_both_pools(model, capsys):
     assert ["update_actor", "actor"] in rows and ["sync", "actor"] in rows
     assert ["generate", "rollout"] in rows and ["sync", "rollout"] in rows
     assert ["generate", "actor"] not in rows
+
+
+def test_a_reward_model_on_the_critics_pool_is_planned_there(model):
+    """Roles on one pool share its processes (`verl_mp.plan`): a reward model placed with a
+    critic on its own pool counts in the critic pool's phases (what it costs in the actor's
+    pool when colocated there), and only there."""
+    preset = "qwen2_5_7b_ppo_critic_pool_16gpu"
+    rm = [f"model.path={model}", "reward_model.enable=true",
+          f"reward_model.path={write_config(model.parent, 'Qwen2-1.5B')}"]
+
+    def planned_with(*extra):
+        return plan(load_config(preset, [*rm, *extra]), read_spec(model), PlanOptions(gpu_memory_gib=H100))
+
+    colocated, shared = planned_with(), planned_with("trainer.placement.roles.reward_model=critic")
+    alone = plan(load_config(preset, [f"model.path={model}"]), read_spec(model), PlanOptions(gpu_memory_gib=H100))
+    held = by_pool(colocated, "actor")["start"].parts["reward_model"]
+    assert held > 1e9  # ~1.5B parameters in bf16
+    assert all(ph.parts["reward_model"] == 0 for ph in by_pool(shared, "actor").values())
+    for name, ph in by_pool(shared, "critic").items():
+        assert ph.parts["reward_model"] == held
+        assert ph.total - by_pool(alone, "critic")[name].total == held

@@ -139,16 +139,20 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     rollout_world = placement.pool_size("rollout")
     rollout = _rollout_memory(cfg, dims, options, rollout_world)
     rm = _reward_model_bytes(cfg) if cfg.reward_model.enable else 0
-    # a reward model mapped to the rollout's pool is planned on the rollout's GPUs (an upper
-    # bound: Ray starts it as a worker group of its own, with GPUs of its own)
+    # the reward model is planned on the GPUs of the pool it shares with another role (the
+    # plan hosts the roles of one pool in the same processes; preflight refuses a rollout pool
+    # shared with anything, `verl-mp plan` still shows what it would take)
+    rm_role_pool = placement.roles["reward_model"]
     rm_pool = "actor" if placement.colocated("reward_model") else \
-        "rollout" if apart and placement.roles["reward_model"] == placement.roles["rollout"] else None
+        "critic" if critic is not None and not critic_here and rm_role_pool == placement.roles["critic"] else \
+        "rollout" if apart and rm_role_pool == placement.roles["rollout"] else None
     ctx = _Context(cfg, options, actor, ref, critic if critic_here else None, None if apart else rollout,
                    rm if rm_pool == "actor" else 0, rollout_apart=apart)
     phases = [_worst_stage(ctx, name, actor.layout.pp) for name in _actor_pool_phases(ref, critic_here, apart)]
     if critic is not None and not critic_here:
-        phases += [_worst_stage(_Context(cfg, options, None, None, critic, None, 0), name, critic.layout.pp,
-                                pool="critic") for name in ("start", "values", "update_critic")]
+        critic_ctx = _Context(cfg, options, None, None, critic, None, rm if rm_pool == "critic" else 0)
+        phases += [_worst_stage(critic_ctx, name, critic.layout.pp, pool="critic")
+                   for name in ("start", "values", "update_critic")]
     if apart:
         phases += _rollout_pool_phases(cfg, options, dims, rollout, rm if rm_pool == "rollout" else 0)
     if not options.cache_released:
