@@ -34,7 +34,10 @@ class HFRollout:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 record_routing: bool = False) -> RolloutOutput:
+        if record_routing:  # build_rollout refuses it first
+            raise ValueError("routing capture needs rollout.backend=vllm")
         local = {}
         for i in range(self.rank, len(prompt_ids), self.world):
             local[i] = [self._sample_one(prompt_ids[i], sampling, i * sampling.n + j) for j in range(sampling.n)]

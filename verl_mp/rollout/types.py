@@ -95,7 +95,10 @@ def split_expert_slot(name: str) -> tuple[str, int | None]:
 
 
 class RolloutBackend(Protocol):
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> RolloutOutput: ...
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
+                 record_routing: bool = False) -> RolloutOutput:
+        """``record_routing``: also each sequence's routed experts (a backend that cannot
+        record them raises)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights from HF-named full tensors, consumed lazily in order."""

@@ -53,22 +53,19 @@ class RankWorker:
             self.critic = _load(MegatronEngine(plan.critic))
         if "reward_model" in self.roles:
             self.scorer = _reward_model(plan)
-        if "rollout" in self.roles and self.actor is not None:
+        self.channel = None
+        """The weight channel of a rollout on ranks of its own (`open_weight_channel`)."""
+        if "rollout" in self.roles:  # on a pool of its own, no engine to ask: the model's config
+            spec = self.actor.spec if self.actor is not None else rollout_link.model_spec(plan.model_path)
+            self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
+                                         record_routing=plan.actor_loss.router_replay == "rollout")
+        if self.actor is not None and self.rollout is not None:
             from verl_mp.bridge.weight_sync import make_weight_sync
 
-            self.rollout = build_rollout(plan.rollout, plan.model_path, self.actor.spec.num_query_groups,
-                                         moe=self.actor.spec.moe is not None,
-                                         record_routing=plan.actor_loss.router_replay == "rollout")
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
-        self.channel = None
-        """The weight channel of a rollout on ranks of its own (`open_weight_channel`)."""
-        if "rollout" in self.roles and self.actor is None:  # the rollout on a pool of its own
-            spec = rollout_link.model_spec(plan.model_path)
-            self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
-                                         record_routing=plan.actor_loss.router_replay == "rollout")
-        elif self.actor is not None and plan.has("rollout") and "rollout" not in self.roles:
+        elif self.actor is not None and plan.has("rollout"):  # it sends to a rollout on a pool of its own
             self.sync = rollout_link.actor_sync(plan, self.actor)
 
     # -- rollout --------------------------------------------------------------------------------
@@ -84,8 +81,7 @@ class RankWorker:
                 torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
             rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
-            out = rollout.generate(prompt_ids, sampling, record_routing=True) if record_routing else \
-                rollout.generate(prompt_ids, sampling)
+            out = rollout.generate(prompt_ids, sampling, record_routing=record_routing)
             if self.actor is not None:  # a rollout on ranks of its own keeps its memory
                 rollout.sleep()
             self._onload(self.actor)
