@@ -128,12 +128,7 @@ def save_tiny_qwen2(
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
-
-    output_dir = Path(output_dir)
-    tokenizer = build_tiny_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return _save_with_tiny_tokenizer(output_dir, Qwen2Config, Qwen2ForCausalLM, seed, dtype, dict(
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -141,16 +136,7 @@ def save_tiny_qwen2(
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
-        rms_norm_eps=1e-6,
-        bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(dtype)
-    model.save_pretrained(output_dir, safe_serialization=True)
-    tokenizer.save_pretrained(output_dir)
-    return output_dir
+    ))
 
 
 def save_tiny_moe(
@@ -175,22 +161,29 @@ def save_tiny_moe(
     """
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
-
-    output_dir = Path(output_dir)
-    tokenizer = build_tiny_tokenizer()
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+    return _save_with_tiny_tokenizer(output_dir, Qwen3MoeConfig, Qwen3MoeForCausalLM, seed, dtype, dict(
+        hidden_size=hidden_size, intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
         head_dim=hidden_size // num_heads, num_experts=num_experts, num_experts_per_tok=top_k,
         moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
-        rms_norm_eps=1e-6, bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    config.architectures = ["Qwen3MoeForCausalLM"]
+    ))
+
+
+def _save_with_tiny_tokenizer(output_dir: str | Path, config_cls, model_cls, seed: int, dtype: torch.dtype,
+                              shape: dict) -> Path:
+    """A randomly initialised (HF init, seeded) ``model_cls`` of ``shape`` with the project's
+    tiny tokenizer (its vocabulary and special tokens) written to ``output_dir``."""
+    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
+
+    output_dir = Path(output_dir)
+    tokenizer = build_tiny_tokenizer()
+    config = config_cls(vocab_size=len(tokenizer), rms_norm_eps=1e-6,
+                        bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)
+    config.architectures = [model_cls.__name__]
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).to(dtype)
+    model = model_cls(config).to(dtype)
     model.save_pretrained(output_dir, safe_serialization=True)
     tokenizer.save_pretrained(output_dir)
     return output_dir
