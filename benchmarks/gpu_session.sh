@@ -12,10 +12,12 @@
 #   launchers    : carry .gpu-vllm/part2 + .whl + .gpu-ray/ray-kit (issue 22): the same GRPO run under
 #                  torchrun and under Ray, side by side, and the Ray GPU test (tests/gpu/test_ray_gpu.py).
 #   memory       : carry .whl only: benchmarks/engine_memory.py, the planner vs measured engine peaks.
-#   moe          : carry .gpu-vllm/part2 (a kit built with KEEP_MOE=1) + .whl; issue 15: the MoE local-sync
-#                  GPU test, then GRPO on a random Qwen3-MoE body (SIZE=moe in gpu_grpo.sh) with
+#   moe          : right after `launchers` (its ~/vllm026), or after `stash` + `stash_moe` carrying
+#                  .gpu-vllm/part2 (74 MB with .gpu-moe: over one call's limit), carry .gpu-moe (vLLM's _moe_C library from the
+#                  vllm 0.26.0 wheel) + .whl; issue 15: GRPO on a random Qwen3-MoE body (SIZE=moe in gpu_grpo.sh) with
 #                  actor.router_replay off and rollout (step table: TFLOP/s on active parameters, sync
-#                  GB/s, log-prob gap, clip fraction), then its generation speed standalone vs the rollout.
+#                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
+#                  local-sync GPU test (EP2 cases need 2 GPUs).
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
 #                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
@@ -79,12 +81,17 @@ run_launchers() {  # issue 22: Ray mode vs torchrun on the same GRPO configurati
   bash .gpu-ray/ray-kit/install.sh .gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 || { tail -5 "$OUT/ray_install.log"; exit 1; }
   export PYTHONPATH=/tmp/raysite:$PYTHONPATH
   for launcher in torchrun ray; do
-    LAUNCHER=$launcher SIZE=0.5b MICRO=16 STEPS=4 GAP_FREQ=4 timeout 240 bash benchmarks/gpu_grpo.sh "$OUT/grpo_$launcher" \
+    LAUNCHER=$launcher SIZE=0.5b MICRO=16 STEPS=${STEPS:-5} GAP_FREQ=5 timeout 205 bash benchmarks/gpu_grpo.sh "$OUT/grpo_$launcher" \
       > "$OUT/grpo_$launcher.log" 2>&1
-    echo "grpo $launcher rc=$?"; python3 benchmarks/grpo_table.py "$OUT/grpo_$launcher/metrics.jsonl" 2>/dev/null
+    echo "grpo $launcher rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_$launcher.log" | tail -3 | cut -c1-300
+    cp "$OUT/grpo_$launcher/metrics.jsonl" "$OUT/launchers_${launcher}_metrics.jsonl" 2>/dev/null
   done
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ray_gpu.py \
-    > "$OUT/gpu_ray_test.log" 2>&1; echo "ray gpu test rc=$?"; tail -3 "$OUT/gpu_ray_test.log"
+  CUDA_VISIBLE_DEVICES=0 timeout 130 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_ray_gpu.py \
+    > "$OUT/gpu_ray_test.log" 2>&1; echo "ray gpu test rc=$?"; tail -3 "$OUT/gpu_ray_test.log" | cut -c1-400
+  for launcher in torchrun ray; do
+    echo "== $launcher"; python3 benchmarks/grpo_table.py "$OUT/launchers_${launcher}_metrics.jsonl" 2>/dev/null
+  done
+  python3 benchmarks/grpo_compare.py torchrun="$OUT/launchers_torchrun_metrics.jsonl" ray="$OUT/launchers_ray_metrics.jsonl"
 }
 
 run_main() {  # 1-GPU colocated sync test and the 1-GPU syncs; the TP=2 test on 2 GPUs
@@ -137,29 +144,35 @@ run_offpolicy() {  # issue 16: rollout on its own GPU, off-policy 0/1, vs coloca
   done
 }
 
-run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests)
+run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs after `launchers` on the
+  # same warm machine (its ~/vllm026), carrying .gpu-moe/ (vLLM 0.26's _moe_C library, which the
+  # kit leaves out: 47 MB, too large to travel beside the kit's part 2) and .whl
   setup_python
-  CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
-    tests/gpu/test_rollout_gpu.py -k moe -s > "$OUT/moe_tests.log" 2>&1
-  echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -8
-  for replay in off rollout; do
-    CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MAX_NEW=${MAX_NEW:-512} MICRO=16 STEPS=${STEPS:-6} GAP_FREQ=1 timeout 500 \
+  cp .gpu-moe/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
+    || cp ~/gvk/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
+    || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
+  for replay in ${REPLAYS:-off rollout}; do
+    CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MAX_NEW=${MAX_NEW:-256} MICRO=16 STEPS=${STEPS:-4} GAP_FREQ=1 timeout ${GRPO_S:-200} \
       bash benchmarks/gpu_grpo.sh "$OUT/moe_grpo_$replay" actor.router_replay=$replay > "$OUT/moe_grpo_$replay.log" 2>&1
     echo "moe grpo router_replay=$replay rc=$?"
     grep -E "run failed|Error|error:" "$OUT/moe_grpo_$replay.log" | tail -3 | cut -c1-400
-    python3 benchmarks/grpo_table.py "$OUT/moe_grpo_$replay/metrics.jsonl" 2>/dev/null
+    cp "$OUT/moe_grpo_$replay/metrics.jsonl" "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
   done
   local model=/tmp/moe_work/model  # the MoE body gpu_grpo.sh wrote
-  for mode in standalone project; do
-    CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-      benchmarks/rollout_speed.py --mode $mode --model "$model" --out "$OUT/moe_rollout_$mode.json" \
-      > "$OUT/moe_rollout_$mode.log" 2>&1
-    echo "moe rollout $mode rc=$?"; grep -E '^[{]' "$OUT/moe_rollout_$mode.log" | tail -1
+  CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-100} python3 benchmarks/rollout_speed.py --mode standalone --model "$model" \
+    --out "$OUT/moe_rollout_standalone.json" > "$OUT/moe_rollout_standalone.log" 2>&1
+  echo "moe rollout standalone rc=$?"; grep -E '^[{]' "$OUT/moe_rollout_standalone.log" | tail -1 | cut -c1-600
+  [ "${TESTS_S:-80}" -gt 0 ] && CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout ${TESTS_S:-80} python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/gpu/test_rollout_gpu.py -k moe -s > "$OUT/moe_tests.log" 2>&1
+  echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -6
+  for replay in ${REPLAYS:-off rollout}; do
+    echo "== router_replay=$replay"; python3 benchmarks/grpo_table.py "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
   done
 }
 
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
+  stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine
   grpo21) run_grpo21 "${2:-0.4}" ;;
   bench14) run_bench14 ;;
   launchers) run_launchers ;;

@@ -14,8 +14,9 @@ project records them itself, inside the in-process vLLM worker (vLLM 0.32):
 
 Requests are matched to the finished sequences by their tokens: a sequence
 ``prompt + response`` was run through the model at positions ``0 .. len - 2`` (the last
-sampled token never is), so the recorded token sequence of its request is
-``(prompt + response)[:-1]``; identical sequences route identically. Every position must
+sampled token never is, except after an extra step of vLLM's async scheduling: `routing_for`),
+so the recorded token sequence of its request is ``(prompt + response)[:-1]``; identical
+sequences route identically. Every position must
 have been run by its own request, so the rollout turns vLLM's prefix cache off while it
 records (`verl_mp.rollout.vllm_rollout.VLLMRollout`), and CUDA graphs too (callbacks do not
 run inside a replayed graph).
@@ -100,12 +101,22 @@ class RoutingRecorder:
 
 def routing_for(captured: dict[tuple[int, ...], torch.Tensor], prompt: list[int],
                 response: list[int]) -> torch.Tensor:
-    """``[len(prompt) + len(response), L, k]`` routing of one sampled sequence (the last
-    position -1: never run); a KeyError names the sequence when it was not recorded."""
+    """``[len(prompt) + len(response), L, k]`` routing of one sampled sequence; a KeyError
+    names the sequence when it was not recorded.
+
+    A sequence ``s`` was run at positions ``0 .. len(s) - 2`` (its last token is sampled, not
+    run); its last position then holds -1. With vLLM's async scheduling (on by default on
+    GPUs) the scheduler plans a request's next step before it learns that the request has
+    finished, so a finished request may also have run its last token: then the record is all
+    of ``s`` and its last position's routing is real."""
     seq = list(prompt) + list(response)
-    key = tuple(seq[:-1])
-    if key not in captured:
-        raise KeyError(f"routing capture: no recorded request ran the {len(seq) - 1} tokens of a sampled "
-                       f"sequence (prompt of {len(prompt)} tokens); was the prefix cache on?")
-    routing = captured[key]
-    return torch.cat([routing, routing.new_full((1, *routing.shape[1:]), -1)])
+    routing = captured.get(tuple(seq[:-1]))
+    if routing is not None:
+        return torch.cat([routing, routing.new_full((1, *routing.shape[1:]), -1)])
+    routing = captured.get(tuple(seq))
+    if routing is not None:
+        return routing
+    lengths = sorted({len(key) for key in captured if key[:len(prompt)] == tuple(prompt)})
+    raise KeyError(f"routing capture: no recorded request ran the {len(seq) - 1} tokens of a sampled "
+                   f"sequence (prompt of {len(prompt)} tokens); {len(captured)} requests recorded, those "
+                   f"with this prompt ran {lengths} tokens; was the prefix cache on?")
