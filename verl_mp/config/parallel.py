@@ -62,9 +62,6 @@ class ModelShape:
     """Routed experts per MoE layer; None for a dense model."""
     moe_ffn_hidden_size: int | None = None
     """Intermediate size of one routed expert (MoE only)."""
-    tp_split_dims: tuple[tuple[str, int], ...] = ()
-    """Further ``(HF config key, size)`` dimensions megatron splits over TP ranks (multi-latent
-    attention's down projections: ``q_lora_rank``, ``kv_lora_rank + qk_rope_head_dim``)."""
 
 
 def validate_layout(
@@ -158,10 +155,6 @@ def _validate_against_shape(tp: int, num_chunks: int, shape: ModelShape, prefix:
             f"{prefix}tensor_model_parallel_size={tp} must divide the KV heads "
             f"(num_key_value_heads={shape.num_query_groups}); use a TP that divides it"
         )
-    for key, size in shape.tp_split_dims:
-        if size % tp != 0:
-            raise ValueError(f"{prefix}tensor_model_parallel_size={tp} must divide {key}={size} (megatron "
-                             f"splits that projection over TP ranks); use a TP that divides it")
     if shape.num_layers % num_chunks != 0:
         raise ValueError(
             f"num_layers={shape.num_layers} is not divisible by {prefix}"

@@ -64,8 +64,8 @@ ENGINE_ONLY_MOE_MODELS = {
     # DeepSeek-V3: multi-latent attention with a low-rank query (q_lora_rank) and plain RoPE;
     # the first layer dense (intermediate_size), then sigmoid routing with the expert bias,
     # group-limited (2 groups of 2 experts, 1 chosen: top-2 // 1 = 2 as HF's group score),
-    # a routed scaling factor and one shared expert. TP2 splits the 4 heads, q_lora_rank 24
-    # and kv_lora_rank + rope 48.
+    # a routed scaling factor and one shared expert. 4 layers: PP2 puts the dense layer and
+    # one MoE layer on the first stage.
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         vocab_size=109, num_key_value_heads=4, intermediate_size=96,
         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,

@@ -120,9 +120,10 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
     from megatron.core.models.gpt import GPTModel
 
     if spec.moe is not None:
-        from verl_mp.patches import megatron_moe
+        from verl_mp.patches import megatron_moe, megatron_router_bias
 
         megatron_moe.install()
+        megatron_router_bias.install()
     if spec.mla is not None:
         from verl_mp.patches import megatron_mla
 

@@ -12,8 +12,9 @@ Backends (``EngineConfig.attention_backend``):
 
 Multi-latent attention (DeepSeek-V3, ``GPTSpec.mla``) is ``sdpa`` only: megatron's
 ``MLASelfAttention`` with the submodules of its local MLA spec (``get_gpt_layer_local_spec(...,
-multi_latent_attention=True)``: column-parallel projections, latent norms) except the core
-attention, `SDPAttention`, and the norms, `RMSNorm`. megatron's local ``DotProductAttention``
+multi_latent_attention=True)``: column-parallel up projections, latent norms) except the core
+attention, `SDPAttention`, the norms, `RMSNorm`, and the down projections, replicated on the
+TP ranks (`_own_attention_spec` says why). megatron's local ``DotProductAttention``
 cannot serve MLA (no separate key/value head sizes), so ``local`` refuses it, and ``te``
 refuses every MoE model. A model whose first layers are dense (``moe.first_dense_layers``)
 gets one layer spec per layer.
@@ -152,15 +153,23 @@ def _own_attention_spec(spec: GPTSpec):
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     if spec.mla is not None:
+        from megatron.core.post_training.modelopt.layers import Linear
         from megatron.core.transformer.multi_latent_attention import (
             MLASelfAttention,
             MLASelfAttentionSubmodules,
         )
 
+        # The down projections are replicated on the TP ranks (megatron's plain ``Linear``, as
+        # TE's MLA spec does with ``TELinear(parallel_mode="duplicated")``), not column-parallel
+        # as in megatron's local MLA spec: there, at TP > 1, the shared rotary key ``k_pos_emb``
+        # is all-gathered from the column shards and its gradient only split back, so each rank
+        # keeps its own heads' part and the rest is lost (megatron-core 0.16.1; a train step at
+        # TP2 then differs from TP1). Replicated, under sequence parallelism, k_pos_emb is
+        # gathered over the sequence instead, whose backward sums the ranks' parts.
         return ModuleSpec(module=MLASelfAttention, params={"attn_mask_type": AttnMaskType.causal},
                           submodules=MLASelfAttentionSubmodules(
-                              linear_q_proj=ColumnParallelLinear, linear_q_down_proj=ColumnParallelLinear,
-                              linear_q_up_proj=ColumnParallelLinear, linear_kv_down_proj=ColumnParallelLinear,
+                              linear_q_proj=ColumnParallelLinear, linear_q_down_proj=Linear,
+                              linear_q_up_proj=ColumnParallelLinear, linear_kv_down_proj=Linear,
                               linear_kv_up_proj=ColumnParallelLinear, core_attention=SDPAttention,
                               linear_proj=RowParallelLinear, q_layernorm=RMSNorm, kv_layernorm=RMSNorm))
     qk_norm = RMSNorm if spec.qk_layernorm else IdentityOp

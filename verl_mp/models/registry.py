@@ -138,17 +138,17 @@ QWEN2_MOE_RULES = (*_MOE_BASE, _QKV_BIAS, *_QWEN_EXPERTS, *_QWEN2_SHARED_EXPERT)
 MIXTRAL_RULES = (*_MOE_BASE, *_MIXTRAL_EXPERTS)
 
 
-# DeepSeek-V3: multi-latent attention (megatron's MLASelfAttention; every projection is a
-# column-parallel linear split over TP, the down projections gathered back after it), then a
+# DeepSeek-V3: multi-latent attention (megatron's MLASelfAttention; the down projections
+# replicated on the TP ranks, the others split by heads), then a
 # dense MLP in the first layers and an MoE MLP (sigmoid router with its expert-bias buffer,
 # routed experts, always-on shared experts) in the others.
 _A, _HA = _L + "self_attention.", _H + "self_attn."
 _MLA = (
     TensorRule(_A + "linear_q_proj.weight", (_HA + "q_proj.weight",), "copy", 0, when="no_q_lora"),
-    TensorRule(_A + "linear_q_down_proj.weight", (_HA + "q_a_proj.weight",), "copy", 0, when="q_lora"),
+    TensorRule(_A + "linear_q_down_proj.weight", (_HA + "q_a_proj.weight",), "copy", None, when="q_lora"),
     TensorRule(_A + "q_layernorm.weight", (_HA + "q_a_layernorm.weight",), "copy", None, when="q_lora"),
     TensorRule(_A + "linear_q_up_proj.weight", (_HA + "q_b_proj.weight",), "copy", 0, when="q_lora"),
-    TensorRule(_A + "linear_kv_down_proj.weight", (_HA + "kv_a_proj_with_mqa.weight",), "copy", 0),
+    TensorRule(_A + "linear_kv_down_proj.weight", (_HA + "kv_a_proj_with_mqa.weight",), "copy", None),
     TensorRule(_A + "kv_layernorm.weight", (_HA + "kv_a_layernorm.weight",), "copy", None),
     TensorRule(_A + "linear_kv_up_proj.weight", (_HA + "kv_b_proj.weight",), "copy", 0),
     TensorRule(_A + "linear_proj.weight", (_HA + "o_proj.weight",), "copy", 1),

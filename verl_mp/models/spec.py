@@ -133,16 +133,7 @@ class GPTSpec:
             vocab_size=self.vocab_size,
             num_experts=self.moe.num_experts if self.moe else None,
             moe_ffn_hidden_size=self.moe.ffn_hidden_size if self.moe else None,
-            tp_split_dims=self._mla_tp_split_dims(),
         )
-
-    def _mla_tp_split_dims(self) -> tuple[tuple[str, int], ...]:
-        if self.mla is None:
-            return ()
-        dims = (("kv_lora_rank + qk_rope_head_dim", self.mla.kv_lora_rank + self.mla.qk_rope_head_dim),)
-        if self.mla.q_lora_rank is not None:
-            dims = (("q_lora_rank", self.mla.q_lora_rank), *dims)
-        return dims
 
     @property
     def head_dim(self) -> int:
