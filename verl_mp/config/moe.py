@@ -29,10 +29,17 @@ class MoEConfig:
     num_experts`` assignments per micro-batch (lowest router probabilities dropped). None:
     nothing is dropped, as in the HF models and vLLM."""
 
+    expert_bias_update_rate: float = 0.0
+    """Sigmoid routers with an expert bias (DeepSeek-V3's ``e_score_correction_bias``): after
+    each step megatron moves every expert's bias by this much towards balance (``+rate`` if the
+    expert got fewer than the mean tokens over the step's data-parallel batch, ``-rate`` if
+    more). 0 keeps the checkpoint's bias, so routing changes only through the trained
+    weights (old and new log-probs route alike). Ignored by softmax routers."""
+
     def __post_init__(self) -> None:
         if self.token_dispatcher not in TOKEN_DISPATCHERS:
             raise ValueError(f"moe.token_dispatcher={self.token_dispatcher!r} is not one of {TOKEN_DISPATCHERS}")
-        for name in ("aux_loss_coeff", "z_loss_coeff"):
+        for name in ("aux_loss_coeff", "z_loss_coeff", "expert_bias_update_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"moe.{name}={getattr(self, name)} must be >= 0")
         if self.expert_capacity_factor is not None and self.expert_capacity_factor <= 0:

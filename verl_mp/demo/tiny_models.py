@@ -11,6 +11,11 @@
   e2e tests, benchmarks.
 - `save_tiny_moe(dir)`: the same for a Qwen3-MoE model (mixture-of-experts rollout, sync
   and GRPO tests, the MoE demo).
+
+`ENGINE_ONLY_MOE_MODELS` (DeepSeek-V3) are built the same way but only the engine side runs
+them (conversion, log-probs, training): the vLLM rollout is refused for them (docs/engine.md).
+`save_tiny_deepseek_v3(dir)` writes one with HF's initialisation and the tokenizer's vocabulary
+(for runs through the trainer with the HF rollout backend).
 """
 
 from __future__ import annotations
@@ -57,8 +62,24 @@ TINY_MOE_MODELS = {
 }
 
 
+ENGINE_ONLY_MOE_MODELS = {
+    # DeepSeek-V3: multi-latent attention with a low-rank query (q_lora_rank) and plain RoPE;
+    # the first layer dense (intermediate_size), then sigmoid routing with the expert bias,
+    # group-limited (2 groups of 2 experts, 1 chosen: top-2 // 1 = 2 as HF's group score),
+    # a routed scaling factor and one shared expert. 4 layers: PP2 puts the dense layer and
+    # one MoE layer on the first stage.
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        vocab_size=109, num_key_value_heads=4, intermediate_size=96,
+        moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24,
+        rope_interleave=True, tie_word_embeddings=False)),
+}
+
+
 def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> None:
-    """Random weights, norms around 1, biases non-zero (deterministic for ``seed``)."""
+    """Random weights, norms around 1, biases (and DeepSeek-V3's routing bias) non-zero
+    (deterministic for ``seed``)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -69,12 +90,18 @@ def randomize_(model: torch.nn.Module, seed: int = 0, scale: float = 0.15) -> No
                 param.copy_(0.5 * noise)
             else:
                 param.copy_(scale * noise)
+        # DeepSeek-V3's routing bias is a buffer; drawn after the parameters so the other
+        # models' weights stay what they were.
+        for name, buffer in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.5 * torch.randn(buffer.shape, generator=g))
 
 
 def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shard_kb: int | None = 40,
                           dtype: torch.dtype = torch.float32, weight_scale: float = 0.15,
                           **overrides) -> Path:
-    """Save a tiny random ``kind`` model (`TINY_MODELS`, `TINY_MOE_MODELS`) with a tokenizer to ``out_dir``.
+    """Save a tiny random ``kind`` model (`TINY_MODELS`, `TINY_MOE_MODELS`, `ENGINE_ONLY_MOE_MODELS`) with a
+    tokenizer to ``out_dir``.
 
     ``shard_kb`` splits the safetensors into shards of about that size (with an index);
     ``weight_scale`` is the std of the linear weights (larger: more peaked predictions);
@@ -84,7 +111,7 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
 
     from verl_mp.demo.tokenizer import save_tiny_tokenizer
 
-    config_cls, model_cls, extra = {**TINY_MODELS, **TINY_MOE_MODELS}[kind]
+    config_cls, model_cls, extra = {**TINY_MODELS, **TINY_MOE_MODELS, **ENGINE_ONLY_MOE_MODELS}[kind]
     config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
     config.architectures = [model_cls]
     torch.manual_seed(seed)
@@ -168,6 +195,17 @@ def save_tiny_moe(
         moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
     ))
+
+
+def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a randomly initialised (HF init) DeepSeek-V3 model + the project's tiny tokenizer:
+    the `ENGINE_ONLY_MOE_MODELS` shape (4 layers, the first dense; multi-latent attention; 4
+    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2]}
+    shape.pop("vocab_size"), shape.pop("rms_norm_eps")
+    return _save_with_tiny_tokenizer(output_dir, DeepseekV3Config, DeepseekV3ForCausalLM, seed, dtype, shape)
 
 
 def _save_with_tiny_tokenizer(output_dir: str | Path, config_cls, model_cls, seed: int, dtype: torch.dtype,

@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from verl_mp.engine.layout import ParamInfo, megatron_param_layout
 from verl_mp.engine.runtime import ParallelState
-from verl_mp.models.convert import hf_to_megatron, megatron_to_hf, tp_shard_plan
+from verl_mp.models.convert import hf_export_dtype, hf_to_megatron, megatron_to_hf, tp_shard_plan
 from verl_mp.models.hf_checkpoint import INDEX_FILE, HFCheckpoint, SliceReader
 from verl_mp.models.registry import causal_lm_to_critic_name
 from verl_mp.models.spec import GPTSpec
@@ -148,7 +148,7 @@ def export_hf_weights(chunks: list, spec: GPTSpec, state: ParallelState, out_dir
         full = _gather_full(info, state)
         if writes:
             for name, tensor in megatron_to_hf(spec, info.global_name, full):
-                writer.add(name, tensor.detach().to(dtype=dtype, device="cpu", copy=True))
+                writer.add(name, tensor.detach().to(dtype=hf_export_dtype(name, dtype), device="cpu", copy=True))
     writer.flush()
     everything = [None] * dist.get_world_size()
     dist.all_gather_object(everything, writer.files)

@@ -16,6 +16,9 @@ concatenation ``[gate_0; up_0; gate_1; up_1; ...]`` is reordered to ``[gate; up]
 groups are interleaved the same way on every rank. Vocabulary rows stay padded to a TP
 multiple; `megatron_to_hf` drops the padding.
 
+Besides parameters, the layout lists the routers' ``expert_bias`` buffers (DeepSeek-V3's
+sigmoid routing bias): part of the model's weights, but not trained by the optimizer.
+
 Mixture-of-experts: a routed expert's parameters (``ParamInfo.expert``) are split over the
 *expert*-TP group (`ParallelState.etp_group`), not the TP group; megatron's local expert
 ``k`` on expert-parallel rank ``r`` gets the global name ``mlp.experts.{r * E_local + k}``.
@@ -51,7 +54,8 @@ class ParamInfo:
     """Dimension split over TP ranks; None when every TP rank holds the whole tensor."""
     tp_layout: str
     """``contiguous`` (concatenate shards along tp_dim) or ``gate_up`` (fused fc1)."""
-    param: torch.nn.Parameter
+    param: torch.Tensor
+    """The parameter (or, for a router's ``expert_bias``, the buffer)."""
     expert: bool = False
     """A routed expert's parameter: split over expert-TP, held by one expert-parallel rank."""
 
@@ -110,6 +114,12 @@ def canonical_name(local_name: str, layer_map: dict[int, int], expert_offset: in
     return f"decoder.layers.{layer_map[int(m.group(1))]}.{rest}"
 
 
+def _weights(model) -> list[tuple[str, torch.Tensor]]:
+    """Named parameters, then the routers' ``expert_bias`` buffers."""
+    buffers = [(n, b) for n, b in model.named_buffers() if n.endswith(".router.expert_bias")]
+    return [*model.named_parameters(), *buffers]
+
+
 def megatron_param_layout(chunks: list, state: ParallelState) -> list[ParamInfo]:
     """Every parameter of this rank's chunks with its global name and TP split.
 
@@ -122,7 +132,7 @@ def megatron_param_layout(chunks: list, state: ParallelState) -> list[ParamInfo]
         layer_map = global_layer_names(model)
         num_experts = getattr(model.config, "num_moe_experts", None) or 0
         expert_offset = state.ep_rank * (num_experts // state.ep_size)
-        for local_name, param in model.named_parameters():
+        for local_name, param in _weights(model):
             # Routed experts (not the shared expert) live under mlp.experts; megatron's
             # allreduce=False marks them only when EP > 1, so the name decides.
             expert = ".mlp.experts." in local_name

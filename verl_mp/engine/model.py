@@ -34,6 +34,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
     same as with them (they fuse, they do not approximate).
     """
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     torch_dtype = TORCH_DTYPES[dtype]
     moe = moe or MoEConfig()
@@ -86,8 +87,25 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         calculate_per_token_loss=True,
     )
     kwargs.update(moe_kwargs)
+    kwargs.update(mla_config_kwargs(spec))
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if spec.mla else TransformerConfig)(**kwargs)
+
+
+def mla_config_kwargs(spec: GPTSpec) -> dict:
+    """MLATransformerConfig fields for ``spec.mla`` (empty without multi-latent attention)."""
+    if spec.mla is None:
+        return {}
+    m = spec.mla
+    return dict(
+        multi_latent_attention=True, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_nope_head_dim, qk_pos_emb_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
+        # Plain RoPE (hf_config refuses scaled rope for MLA); a scaling factor of 1 makes
+        # megatron's softmax scale 1/sqrt(q_head_dim), as HF's without YaRN.
+        rope_type="rope", rotary_base=spec.rotary_base, rotary_scaling_factor=1.0,
+        # megatron's local MLA spec adds the q/kv latent norms only with qk_layernorm.
+        qk_layernorm=True,
+    )
 
 
 def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None,
@@ -102,9 +120,14 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
     from megatron.core.models.gpt import GPTModel
 
     if spec.moe is not None:
-        from verl_mp.patches import megatron_moe
+        from verl_mp.patches import megatron_moe, megatron_router_bias
 
         megatron_moe.install()
+        megatron_router_bias.install()
+    if spec.mla is not None:
+        from verl_mp.patches import megatron_mla
+
+        megatron_mla.install()
     chunks = []
     with megatron_scope():
         for vp_stage in range(state.vpp_size or 1):
@@ -133,7 +156,12 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
 
 def _finish_chunk(chunk, spec: GPTSpec, config) -> None:
     # megatron's RotaryEmbedding hard-codes Llama-3.1 constants; use the checkpoint's.
-    chunk.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
+    # Multi-latent attention has one rotary embedding per layer, over the rope dimension.
+    if spec.mla is None:
+        chunk.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
+    else:
+        for layer in chunk.decoder.layers:
+            layer.self_attention.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
     if spec.value_head and chunk.post_process:
         chunk.output_layer = ValueHead(config)
 

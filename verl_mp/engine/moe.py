@@ -41,7 +41,7 @@ def moe_config_kwargs(spec: GPTSpec, moe: MoEConfig, dispatcher: str) -> dict:
     if spec.moe is None:
         return {}
     m = spec.moe
-    if m.top_k == 1 and m.norm_topk_prob:
+    if m.score_function == "softmax" and m.top_k == 1 and m.norm_topk_prob:
         # megatron needs softmax before top-1; the renormalised HF weight would be exactly 1.
         raise ValueError(f"{spec.architecture}: top-1 routing with norm_topk_prob=true is not supported")
     return dict(
@@ -50,9 +50,17 @@ def moe_config_kwargs(spec: GPTSpec, moe: MoEConfig, dispatcher: str) -> dict:
         moe_router_topk=m.top_k,
         # HF: softmax over all experts, top-k, renormalise if norm_topk_prob. megatron's
         # "top-k of the logits, then softmax over the k" is that renormalised softmax;
-        # pre-softmax (softmax over all, then top-k) is the un-renormalised one.
+        # pre-softmax (softmax over all, then top-k) is the un-renormalised one. (Sigmoid
+        # routing ignores it: megatron renormalises for k > 1, as hf_config requires.)
         moe_router_pre_softmax=not m.norm_topk_prob,
-        moe_router_score_function="softmax",
+        moe_router_score_function=m.score_function,
+        moe_router_enable_expert_bias=m.expert_bias,
+        moe_router_bias_update_rate=moe.expert_bias_update_rate,
+        moe_router_topk_scaling_factor=m.scaling_factor,
+        moe_router_num_groups=m.num_groups,
+        moe_router_group_topk=m.group_topk,
+        # 0 = dense MLP, 1 = MoE, per layer (DeepSeek-V3's first dense layers)
+        moe_layer_freq=[int(m.is_moe_layer(i)) for i in range(spec.num_layers)],
         moe_router_dtype="fp32",
         moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
         moe_shared_expert_gate=m.shared_expert_gate,
@@ -123,7 +131,7 @@ class RouterStats:
     counts: torch.Tensor = field(init=False)
     """``[num_layers, E]`` assignments per expert (after any token dropping)."""
     prob_sums: torch.Tensor = field(init=False)
-    """``[num_layers, E]`` sum of the softmax router probabilities."""
+    """``[num_layers, E]`` sum of the router probabilities (`router_probs`)."""
     tokens: torch.Tensor = field(init=False)
     """``[num_layers]`` routed tokens."""
     token_mask: torch.Tensor | None = None
@@ -156,7 +164,7 @@ class RouterStats:
     def _record(self, layer: int, router, hidden: torch.Tensor, routing_map: torch.Tensor) -> None:
         keep = self.token_mask
         logits = torch.nn.functional.linear(hidden.reshape(-1, hidden.shape[-1]).float(), router.weight.float())
-        probs = torch.softmax(logits, dim=-1)[keep]
+        probs = router_probs(logits, router.config.moe_router_score_function)[keep]
         self.counts[layer] += routing_map[keep].sum(dim=0).double()
         self.prob_sums[layer] += probs.sum(dim=0).double()
         self.tokens[layer] += keep.sum()
@@ -185,6 +193,15 @@ class RouterStats:
         counts, prob_sums, tokens = stacked[:, :e], stacked[:, e:2 * e], stacked[:, 2 * e]
         self.reset()
         return summarise(counts, prob_sums, tokens, self.top_k)
+
+
+def router_probs(logits: torch.Tensor, score_function: str) -> torch.Tensor:
+    """``[tokens, E]`` probabilities the load-balancing loss weighs, as megatron computes them:
+    softmax, or sigmoid scores normalised to sum to 1 per token."""
+    if score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+        return scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+    return torch.softmax(logits, dim=-1)
 
 
 def summarise(counts: torch.Tensor, prob_sums: torch.Tensor, tokens: torch.Tensor, top_k: int) -> dict[str, float]:

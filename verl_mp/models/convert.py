@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import torch
 
-from verl_mp.models.registry import TensorRule, rules_for
+from verl_mp.models.registry import FP32_HF_TENSORS, RULE_CONDITIONS, TensorRule, rules_for
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
 
 TIED_OUTPUT = "output_layer.weight"
@@ -36,6 +36,20 @@ def _pattern(template: str) -> re.Pattern:
     return re.compile("^" + escaped + "$")
 
 
+def rule_applies(spec: GPTSpec, rule: TensorRule, layer: int | None) -> bool:
+    """Whether ``rule`` holds for global layer ``layer`` (None outside layers) of ``spec``
+    (`verl_mp.models.registry.TensorRule.when`)."""
+    if rule.when is None:
+        return True
+    if rule.when in ("dense_layer", "moe_layer"):
+        moe = spec.moe is not None and layer is not None and spec.moe.is_moe_layer(layer)
+        return moe == (rule.when == "moe_layer")
+    if rule.when in ("q_lora", "no_q_lora"):
+        q_lora = spec.mla is not None and spec.mla.q_lora_rank is not None
+        return q_lora == (rule.when == "q_lora")
+    raise ValueError(f"TensorRule.when={rule.when!r} is not one of {RULE_CONDITIONS}")
+
+
 def match_rule(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, dict[str, int]]:
     """The rule for a global megatron name and its indices (``i``: layer, ``e``: expert; empty
     outside layers)."""
@@ -43,6 +57,8 @@ def match_rule(spec: GPTSpec, megatron_name: str) -> tuple[TensorRule, dict[str,
         m = _pattern(rule.megatron).match(megatron_name)
         if m:
             indices = {k: int(v) for k, v in m.groupdict().items()}
+            if not rule_applies(spec, rule, indices.get("i")):
+                continue
             if not 0 <= indices.get("i", 0) < spec.num_layers:
                 break
             if "e" in indices and not (spec.moe and indices["e"] < spec.moe.num_experts):
@@ -129,8 +145,13 @@ def megatron_global_names(spec: GPTSpec) -> list[str]:
             continue
         layers = range(spec.num_layers) if "{i}" in rule.megatron else [None]
         experts = range(spec.moe.num_experts) if "{e}" in rule.megatron else [None]
-        names += [rule.megatron.format(i=i, e=e) for i in layers for e in experts]
+        names += [rule.megatron.format(i=i, e=e) for i in layers if rule_applies(spec, rule, i) for e in experts]
     return names
+
+
+def hf_export_dtype(hf_name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype an HF tensor is saved in: ``dtype``, except the tensors HF keeps in fp32."""
+    return torch.float32 if hf_name.endswith(FP32_HF_TENSORS) else dtype
 
 
 def hf_shape(spec: GPTSpec, hf_name: str) -> tuple[int, ...]:
@@ -148,6 +169,8 @@ def hf_shape(spec: GPTSpec, hf_name: str) -> tuple[int, ...]:
     key = ".".join(hf_name.split(".")[-2:])
     if spec.moe is not None:
         by_suffix.update(_moe_shapes(spec, hf_name))
+    if spec.mla is not None:
+        by_suffix.update(_mla_shapes(spec))
     if key not in by_suffix:
         raise KeyError(f"no shape rule for HF tensor {hf_name!r}")
     return by_suffix[key]
@@ -156,16 +179,32 @@ def hf_shape(spec: GPTSpec, hf_name: str) -> tuple[int, ...]:
 def _moe_shapes(spec: GPTSpec, hf_name: str) -> dict[str, tuple[int, ...]]:
     """Shapes of MoE tensors by name suffix; expert/shared-expert projections by their own size."""
     h, moe = spec.hidden_size, spec.moe
-    shapes = {"gate.weight": (moe.num_experts, h), "shared_expert_gate.weight": (1, h)}
+    shapes = {"gate.weight": (moe.num_experts, h), "shared_expert_gate.weight": (1, h),
+              "gate.e_score_correction_bias": (moe.num_experts,)}
     if ".experts." in hf_name:
         f = moe.ffn_hidden_size
-    elif ".shared_expert." in hf_name:
+    elif ".shared_expert." in hf_name or ".shared_experts." in hf_name:
         f = moe.shared_expert_ffn_hidden_size
     else:
         return shapes
     for up in ("gate_proj.weight", "up_proj.weight", "w1.weight", "w3.weight"):
         shapes[up] = (f, h)
     shapes["down_proj.weight"] = shapes["w2.weight"] = (h, f)
+    return shapes
+
+
+def _mla_shapes(spec: GPTSpec) -> dict[str, tuple[int, ...]]:
+    """Shapes of the multi-latent attention tensors by name suffix."""
+    h, n, m = spec.hidden_size, spec.num_attention_heads, spec.mla
+    shapes = {
+        "q_proj.weight": (n * m.q_head_dim, h), "o_proj.weight": (h, n * m.v_head_dim),
+        "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, h),
+        "kv_a_layernorm.weight": (m.kv_lora_rank,),
+        "kv_b_proj.weight": (n * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+    }
+    if m.q_lora_rank is not None:
+        shapes.update({"q_a_proj.weight": (m.q_lora_rank, h), "q_a_layernorm.weight": (m.q_lora_rank,),
+                       "q_b_proj.weight": (n * m.q_head_dim, m.q_lora_rank)})
     return shapes
 
 

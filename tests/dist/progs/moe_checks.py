@@ -3,10 +3,12 @@ layout; results as JSON for tests/dist/test_engine_moe.py.
 
 Checks (``--checks``, comma separated):
 
-- ``logprobs``: every tiny MoE architecture, loaded from HF, log-probs of a fixed batch.
+- ``logprobs``: every tiny MoE architecture (DeepSeek-V3 included), loaded from HF, log-probs
+  of a fixed batch.
 - ``export``: HF export of every architecture (compared bit for bit by the test).
-- ``train``: Qwen2-MoE actor (shared expert) with load-balancing and z-loss: one step's
-  metrics and the log-probs after it (compared across layouts by the test).
+- ``train``: Qwen2-MoE actor (shared expert) and DeepSeek-V3 actor (multi-latent attention,
+  sigmoid router) with load-balancing and z-loss: one step's metrics and the log-probs after
+  it (compared across layouts by the test).
 - ``save``: after that step, save a dist checkpoint, then a second step's metrics and
   log-probs; ``resume`` loads the checkpoint at this (other) layout and does the same.
 - ``packed``: without router losses (they depend on how tokens are grouped into
@@ -33,7 +35,7 @@ from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
 
-ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
 ROUTER_LOSSES = MoEConfig(aux_loss_coeff=0.1, z_loss_coeff=0.01)
 
 
@@ -71,6 +73,7 @@ class Runner:
             engine.export_hf(str(Path(self.a.work) / f"export_{arch}_{self.a.name}"), max_shard_bytes=60_000)
 
     def check_train(self):
+        self.results["train_deepseek_v3"] = self.step(self.engine("deepseek_v3", role="actor"), 1)
         self.actor = self.engine("qwen2_moe", role="actor")
         self.results["train"] = self.step(self.actor, 1)
 
