@@ -18,6 +18,8 @@
 #                  actor.router_replay off and rollout (step table: TFLOP/s on active parameters, sync
 #                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
+#   profile      : after `moe` (same machine): trainer.profile on a dense and a MoE GRPO step, and the
+#                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
 #                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
@@ -170,6 +172,24 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
   done
 }
 
+run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO
+  # run, and the engine's train step at micro-batch 4 (needs ~/vllm026 with the MoE library: run after `moe`)
+  setup_python
+  CUDA_VISIBLE_DEVICES=0 SIZE=0.5b MICRO=16 STEPS=2 GAP_FREQ=5 timeout 170 bash benchmarks/gpu_grpo.sh "$OUT/prof_dense" \
+    "trainer.profile.steps=[2]" > "$OUT/prof_dense.log" 2>&1; echo "dense rc=$?"
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MICRO=16 STEPS=2 GAP_FREQ=5 timeout 200 bash benchmarks/gpu_grpo.sh \
+    "$OUT/prof_moe" "trainer.profile.steps=[2]" > "$OUT/prof_moe.log" 2>&1; echo "moe rc=$?"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/train_mfu.py \
+    --variants 4:none --repeats 2 --profile "$OUT/prof_train" --out "$OUT/prof_train_mfu.json" > "$OUT/prof_train.log" 2>&1
+  echo "train_mfu rc=$?"
+  for run in prof_dense prof_moe; do
+    cp "$OUT/$run/profile/step_2/actor_rollout_ref_rank0_phases.json" "$OUT/${run}_phases.json" 2>/dev/null
+    cp "$OUT/$run/profile/step_2/actor_rollout_ref_rank0.txt" "$OUT/${run}_top.txt" 2>/dev/null
+    echo "== $run"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v['cpu_ms']) for k, v in d['phases'].items()}); print({k: round(v) for k, v in d['device_ms_by_kind'].items()})" "$OUT/${run}_phases.json"
+  done
+  grep -E '^[{]"profile' "$OUT/prof_train.log" | cut -c1-700
+}
+
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine
@@ -181,6 +201,7 @@ case "$phase" in
   transfer) run_transfer ;;
   offpolicy) run_offpolicy ;;
   moe) run_moe ;;
+  profile) run_profile ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1

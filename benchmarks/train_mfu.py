@@ -75,7 +75,7 @@ def batch(rows: int, seq: int) -> dict:
             "advantages": torch.randn(rows, seq, generator=g) * response}
 
 
-def run_variant(path: str, micro: int, recompute: str, data: dict, repeats: int) -> dict:
+def run_variant(path: str, micro: int, recompute: str, data: dict, repeats: int, profile: str | None = None) -> dict:
     from verl_mp.config.optim import OptimConfig
     from verl_mp.config.schema import ActorConfig
     from verl_mp.engine.config import EngineConfig
@@ -96,6 +96,15 @@ def run_variant(path: str, micro: int, recompute: str, data: dict, repeats: int)
             engine.train_step(data, loss, with_entropy=True)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        if profile:  # one more step under torch.profiler: kernels by kind (verl_mp.utils.profiling)
+            from verl_mp.config.profile import ProfileConfig
+            from verl_mp.utils.profiling import StepProfiler, phase
+
+            prof, opts = StepProfiler(), vars(ProfileConfig())
+            prof.start(profile, f"micro{micro}_{recompute}", opts)
+            with phase("train_step"):
+                engine.train_step(data, loss, with_entropy=True)
+            print(json.dumps({"profile": f"micro{micro}_{recompute}", **prof.stop()}), flush=True)
     except torch.OutOfMemoryError:
         return {"micro_batch": micro, "recompute": recompute, "oom": True,
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
@@ -114,6 +123,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", default=",".join(f"{m}:{r}" for m, r in VARIANTS))
+    p.add_argument("--profile", default=None, help="a directory: profile one more step of each variant there")
     a = p.parse_args()
     from verl_mp.engine.runtime import init_distributed
 
@@ -126,7 +136,7 @@ def main() -> None:
         path = model_dir(Path(tmp))
         for spec in a.variants.split(","):
             micro, recompute = spec.split(":")
-            r = run_variant(path, int(micro), recompute, data, a.repeats)
+            r = run_variant(path, int(micro), recompute, data, a.repeats, a.profile)
             if not r.get("oom"):
                 tflops = flops / r["step_s"] / 1e12
                 r.update(tokens_per_s=a.rows * a.seq / r["step_s"], tflops=tflops,

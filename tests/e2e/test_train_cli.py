@@ -30,7 +30,8 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
     out = tmp_path / launcher
     proc = run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
                     "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-                    "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1"])
+                    "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1",
+                    "trainer.profile.steps=[2]"])
     # quiet by default: a step line each, warnings, the run's start and end (the rest is in logs/)
     printed = (proc.stdout + proc.stderr).splitlines()
     assert len(printed) <= 60, "\n".join(printed)
@@ -47,8 +48,17 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
         assert math.isclose(steps[step]["actor/kl_loss_coef_min"], 0.0123, rel_tol=1e-6)
     assert (out / "config.yaml").read_text().count("kl_loss_coef: 0.0123") == 1
     assert (out / "checkpoints" / "global_step_2" / "meta.json").exists()
-    # generate, forward (old + reference log-probs), update, weight sync
+    # generate, forward (old + reference log-probs), update, weight sync; profiling step 2
+    # (trainer.profile) adds none
     assert all(steps[s]["perf/driver_round_trips"] == 4 for s in (1, 2))
+    # the profiled step: each phase of the step, from the worker process that ran it
+    profiled = out / "profile" / "step_2"
+    assert sorted(p.name for p in profiled.iterdir()) == [
+        "actor_rollout_ref_rank0.trace.json.gz", "actor_rollout_ref_rank0.txt", "actor_rollout_ref_rank0_phases.json"]
+    phases = json.loads((profiled / "actor_rollout_ref_rank0_phases.json").read_text())["phases"]
+    assert set(phases) == {"generate", "forward", "old_log_prob", "ref", "update", "update_actor", "sync_weights"}
+    assert all(p["calls"] == 1 and p["cpu_ms"] > 0 for p in phases.values())
+    assert not (out / "profile" / "step_1").exists()
 
 
 ENGINE_KEYS = {  # run-config key -> (role, EngineConfig field, value)

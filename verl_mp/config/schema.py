@@ -15,6 +15,7 @@ from verl_mp.config.moe import MoEConfig
 from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
+from verl_mp.config.profile import ProfileConfig
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.utils.dtypes import INFERENCE_DTYPES, TRAIN_DTYPES, check_dtype
 
@@ -398,6 +399,8 @@ class TrainerConfig:
     update older; K bounds how stale a sample can be (updates between the weights it was
     generated with and the actor it trains). Needs the rollout on a pool of its own
     (trainer.placement.roles.rollout); pair it with algorithm.rollout_correction."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """torch.profiler over chosen steps (verl_mp/config/profile.py); off by default."""
 
     def __post_init__(self) -> None:
         if self.off_policy_steps < 0:

@@ -18,13 +18,14 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
 
 from verl_mp.algo import estimator_spec
 from verl_mp.config.loader import to_yaml
+from verl_mp.config.profile import ProfileConfig
 from verl_mp.config.schema import RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
@@ -93,7 +94,7 @@ class RLTrainer:
         self._end = end
         with Progress(total, initial=start, rank=self.rank) as bar:
             for step in range(start + 1, end + 1):
-                last = self.step(step)
+                last = self.profiled_step(step) if step in t.profile.steps else self.step(step)
                 if self.cfg.trainer.test_freq and (step % self.cfg.trainer.test_freq == 0 or step == total):
                     last.update(self.validate())
                 # Logged before the save: a resumed run drops what follows its checkpoint.
@@ -109,6 +110,23 @@ class RLTrainer:
             self.workers.export_hf(os.path.join(self.cfg.trainer.default_local_dir, "hf"))
         self.tracker.close()
         return last
+
+    def profiled_step(self, step: int) -> dict[str, float]:
+        """`step` under torch.profiler on the ranks `trainer.profile` names; the files go to
+        ``<default_local_dir>/profile/step_<N>/`` (`verl_mp.utils.profiling`)."""
+        prof = self.cfg.trainer.profile
+        options = {f.name: getattr(prof, f.name) for f in fields(ProfileConfig)}
+        options.update(steps=list(options["steps"]), ranks=list(options["ranks"]))
+        directory = os.path.join(self.cfg.trainer.default_local_dir, "profile", f"step_{step}")
+        self.workers.start_profile(directory, options)
+        metrics = self.step(step)
+        for group, summary in self.workers.stop_profile().items():
+            if summary is not None and self.rank == 0:
+                phases = ", ".join(f"{p} {v['cpu_ms']:.0f} ms" for p, v in summary["phases"].items())
+                kinds = ", ".join(f"{k} {ms:.0f} ms" for k, ms in summary["device_ms_by_kind"].items())
+                logger.info("step %d profiled (%s rank 0, files in %s): phases %s; kernels %s", step, group,
+                            directory, phases, kinds or "none (CPU)")
+        return metrics
 
     def step(self, step: int) -> dict[str, float]:
         """One RL step: generate (or take what was generated ahead) -> reward (and dynamic

@@ -112,11 +112,23 @@ class WorkerGroups:
     def export_hf(self, directory: str) -> None:
         self._call(["actor"], RLWorker.export_hf, directory)
 
+    def start_profile(self, directory: str, options: dict) -> None:
+        """Open a profiling session on every group (`trainer.profile`; not counted as a round
+        trip of the step: it is not part of the step's work)."""
+        self._everywhere(RLWorker.start_profile, directory, options)
+
+    def stop_profile(self) -> dict[str, dict | None]:
+        """Close it; each group's rank-0 phases summary, by group name."""
+        return self._everywhere(RLWorker.stop_profile)
+
+    def _everywhere(self, method, *args) -> dict:
+        names = list(self.groups)
+        handles = [self.groups[n].submit(method, *args) for n in names]
+        return {n: self.groups[n].result(h) for n, h in zip(names, handles, strict=True)}
+
     def describe(self) -> dict[str, dict]:
         """Each group's `RankWorker.describe` (rank 0's), by group name."""
-        names = list(self.groups)
-        handles = [self.groups[n].submit(RLWorker.describe) for n in names]
-        return {n: self.groups[n].result(h) for n, h in zip(names, handles, strict=True)}
+        return self._everywhere(RLWorker.describe)
 
     def step_counters(self) -> dict[str, float]:
         """Round trips and tensor bytes sent since the last call (then reset)."""

@@ -99,6 +99,12 @@ class RLWorker(Protocol):
 
     def export_hf(self, directory: str) -> None: ...
 
+    def start_profile(self, directory: str, options: dict) -> None:
+        """Start torch.profiler in this process if its rank profiles (`trainer.profile`)."""
+
+    def stop_profile(self) -> dict | None:
+        """Stop it and write the files; the phases summary (None where nothing recorded)."""
+
     def describe(self) -> dict:
         """What this process hosts: its roles, the engine configs it received, its world
         size and the actor's FLOP parameter count."""

@@ -16,6 +16,7 @@ forward pass when its parameters are offloaded.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from verl_mp.engine.engine import MegatronEngine
 from verl_mp.plan import RunPlan
 from verl_mp.rollout import build_rollout
 from verl_mp.rollout.types import RolloutOutput
-from verl_mp.utils import memory
+from verl_mp.utils import memory, profiling
 from verl_mp.workers import rollout_link
 from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
 from verl_mp.workers.faults import FaultInjector
@@ -36,6 +37,15 @@ from verl_mp.workers.losses import actor_loss, critic_loss
 from verl_mp.workers.protocol import ForwardRequest, ForwardResult, UpdateRequest
 
 logger = logging.getLogger(__name__)
+
+
+def _phase(method):
+    """Run a worker phase under its profiler label (``verl_mp/<method>``; `trainer.profile`)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with profiling.phase(method.__name__):
+            return method(self, *args, **kwargs)
+    return run
 
 
 class RankWorker:
@@ -53,6 +63,7 @@ class RankWorker:
             self.critic = _load(MegatronEngine(plan.critic))
         if "reward_model" in self.roles:
             self.scorer = _reward_model(plan)
+        self.profiler = profiling.StepProfiler()
         self.channel = None
         """The weight channel of a rollout on ranks of its own (`open_weight_channel`)."""
         if "rollout" in self.roles:  # on a pool of its own, no engine to ask: the model's config
@@ -69,6 +80,7 @@ class RankWorker:
             self.sync = rollout_link.actor_sync(plan, self.actor)
 
     # -- rollout --------------------------------------------------------------------------------
+    @_phase
     def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False) -> RolloutOutput:
         """``record_routing``: also each sequence's experts (``actor.router_replay=rollout``)."""
         self.faults.check("generate")
@@ -94,6 +106,7 @@ class RankWorker:
         (collective over the actor's rank 0 and every rollout rank; others return)."""
         self.channel = rollout_link.open_channel(self.plan, self.sync if self.actor is not None else None, host, port)
 
+    @_phase
     def sync_weights(self) -> dict[str, float]:
         """Actor shards -> rollout engine (bucketed; the prefix cache is reset). The weights
         stay awake; the KV cache wakes when generation starts. With the rollout on ranks of
@@ -117,6 +130,7 @@ class RankWorker:
                 "rollout/sync_local": float(self.sync.kernel_format)}
 
     # -- forward passes ----------------------------------------------------------------------------
+    @_phase
     def forward(self, batch: RLBatch, request: ForwardRequest) -> ForwardResult:
         """The requested per-token outputs of the hosted roles, from one conversion of the
         batch into the engines' layout."""
@@ -132,27 +146,32 @@ class RankWorker:
         for role in request.roles():
             if role not in self.roles:
                 continue
-            start = time.perf_counter()
-            if role == "critic":
-                result.values = response_values(batch, self.critic.compute_values(ids, mask))
-            elif role == "actor":
-                replay = self.plan.actor_loss.router_replay
-                routing = batch.routed_experts if replay == "rollout" else None
-                if replay == "rollout" and routing is None:
-                    raise ValueError("actor.router_replay=rollout: the batch has no routed_experts (the rollout "
-                                     "did not record them)")
-                lp = self.actor.compute_log_probs(ids, mask, temperature=t, routed_experts=routing,
-                                                  record_routing=replay == "old_logprob")
-                result.old_log_probs = response_values(batch, lp)
-                if replay == "old_logprob":
-                    result.routed_experts = self.actor.recorded_routing
-            else:
-                self._onload(self.ref)
-                result.ref_log_probs = response_values(batch, self.ref.compute_log_probs(ids, mask, temperature=t))
-                self._offload(self.ref)
             name = {"actor": "old_log_prob", "ref": "ref", "critic": "values"}[role]
+            start = time.perf_counter()
+            with profiling.phase(name):
+                self._forward_role(role, batch, ids, mask, t, result)
             result.metrics[f"timing/{name}_s"] = time.perf_counter() - start
 
+    def _forward_role(self, role, batch, ids, mask, t, result) -> None:
+        if role == "critic":
+            result.values = response_values(batch, self.critic.compute_values(ids, mask))
+        elif role == "actor":
+            replay = self.plan.actor_loss.router_replay
+            routing = batch.routed_experts if replay == "rollout" else None
+            if replay == "rollout" and routing is None:
+                raise ValueError("actor.router_replay=rollout: the batch has no routed_experts (the rollout "
+                                 "did not record them)")
+            lp = self.actor.compute_log_probs(ids, mask, temperature=t, routed_experts=routing,
+                                              record_routing=replay == "old_logprob")
+            result.old_log_probs = response_values(batch, lp)
+            if replay == "old_logprob":
+                result.routed_experts = self.actor.recorded_routing
+        else:
+            self._onload(self.ref)
+            result.ref_log_probs = response_values(batch, self.ref.compute_log_probs(ids, mask, temperature=t))
+            self._offload(self.ref)
+
+    @_phase
     def score(self, texts: list[str]) -> torch.Tensor:
         """``[len(texts)]`` reward-model scores: each rank scores its share, all get all."""
         scorer = self._hosted(self.scorer, "reward_model")
@@ -162,6 +181,7 @@ class RankWorker:
         return torch.cat(parts)
 
     # -- updates -----------------------------------------------------------------------------------
+    @_phase
     def update(self, batch: RLBatch, request: UpdateRequest) -> dict[str, float]:
         """The critic's epochs (on the values the forward phase computed), then the actor's."""
         self.faults.check("update")
@@ -172,28 +192,48 @@ class RankWorker:
 
     def _update_roles(self, batch: RLBatch, request: UpdateRequest, metrics: dict[str, float]) -> None:
         if request.critic and "critic" in self.roles:
-            start = time.perf_counter()
-            batch.require("values", "returns")
-            loss_cfg = self.plan.critic_loss
-            metrics.update(train_epochs(self.critic, batch, ["values", "returns"], epochs=loss_cfg.ppo_epochs,
-                                        mini_batch_size=self.plan.mini_batch_rows, prefix="critic",
-                                        make_loss=lambda g, s, t: critic_loss(loss_cfg, g, s, t)))
-            metrics["timing/update_critic_s"] = time.perf_counter() - start
+            with profiling.phase("update_critic"):
+                self._update_critic(batch, metrics)
         if request.actor and "actor" in self.roles:
-            start = time.perf_counter()
-            loss_cfg = self.plan.actor_loss
-            batch.require("old_log_probs", "advantages")
-            fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
-                + (["rollout_weights"] if batch.rollout_weights is not None else [])
-            if loss_cfg.router_replay != "off":
-                batch.require("routed_experts")
-            metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
-                                        routing=loss_cfg.router_replay != "off",
-                                        mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
-                                        make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
-                                        temperature=self.plan.temperature,
-                                        with_entropy=loss_cfg.entropy_coeff != 0))
-            metrics["timing/update_actor_s"] = time.perf_counter() - start
+            with profiling.phase("update_actor"):
+                self._update_actor(batch, metrics)
+
+    def _update_critic(self, batch: RLBatch, metrics: dict[str, float]) -> None:
+        start = time.perf_counter()
+        batch.require("values", "returns")
+        loss_cfg = self.plan.critic_loss
+        metrics.update(train_epochs(self.critic, batch, ["values", "returns"], epochs=loss_cfg.ppo_epochs,
+                                    mini_batch_size=self.plan.mini_batch_rows, prefix="critic",
+                                    make_loss=lambda g, s, t: critic_loss(loss_cfg, g, s, t)))
+        metrics["timing/update_critic_s"] = time.perf_counter() - start
+
+    def _update_actor(self, batch: RLBatch, metrics: dict[str, float]) -> None:
+        start = time.perf_counter()
+        loss_cfg = self.plan.actor_loss
+        batch.require("old_log_probs", "advantages")
+        fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
+            + (["rollout_weights"] if batch.rollout_weights is not None else [])
+        if loss_cfg.router_replay != "off":
+            batch.require("routed_experts")
+        metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
+                                    routing=loss_cfg.router_replay != "off",
+                                    mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
+                                    make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
+                                    temperature=self.plan.temperature,
+                                    with_entropy=loss_cfg.entropy_coeff != 0))
+        metrics["timing/update_actor_s"] = time.perf_counter() - start
+
+    # -- profiling ---------------------------------------------------------------------------------
+    def start_profile(self, directory: str, options: dict) -> None:
+        """Record this process's work until `stop_profile` if its rank is in
+        ``options["ranks"]`` (`verl_mp.config.profile.ProfileConfig` as a dict)."""
+        rank = dist.get_rank()
+        if rank in options["ranks"]:
+            self.profiler.start(directory, f"{self.group}_rank{rank}", options)
+
+    def stop_profile(self) -> dict | None:
+        """Write what was recorded (`verl_mp.utils.profiling`); the phases summary, or None."""
+        return self.profiler.stop()
 
     # -- state -------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

@@ -1,0 +1,61 @@
+"""`verl_mp.utils.profiling`: what a profiled step writes and how kernels are sorted by kind.
+
+The whole path (the driver opening a session on every worker group around a step, under
+Ray and torchrun) runs in tests/e2e/test_train_cli.py::test_grpo.
+"""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from verl_mp.config.profile import ProfileConfig
+from verl_mp.utils.profiling import StepProfiler, kernel_kind, phase
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>", "gemm"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", "attention"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "nccl"),
+    ("logprob_fwd_kernel", "verl_mp"),
+    ("triton_poi_fused_add_mul_0", "triton"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise"),
+    ("Memcpy HtoD (Pageable -> Device)", "copy"),
+    ("some_unknown_kernel", "other"),
+])
+def test_kernel_kinds(name, kind):
+    assert kernel_kind(name) == kind
+
+
+def test_a_session_writes_the_table_the_phases_and_the_trace(tmp_path):
+    prof = StepProfiler()
+    options = {k: getattr(ProfileConfig(), k) for k in ("ranks", "top", "record_shapes", "with_stack", "trace")}
+    prof.start(str(tmp_path), "g_rank0", options)
+    with pytest.raises(RuntimeError, match="already open"):
+        prof.start(str(tmp_path), "g_rank0", options)
+    a = torch.randn(256, 256)
+    for _ in range(2):
+        with phase("update"):
+            (a @ a).sum()
+    with phase("generate"):
+        torch.softmax(a, -1)
+    summary = prof.stop()
+    assert not prof.active and prof.stop() is None
+    assert summary["phases"]["update"]["calls"] == 2 and summary["phases"]["generate"]["calls"] == 1
+    assert summary["phases"]["update"]["cpu_ms"] > 0
+    assert json.loads((tmp_path / "g_rank0_phases.json").read_text()) == summary
+    assert "aten::mm" in (tmp_path / "g_rank0.txt").read_text()
+    trace = json.loads(gzip.open(tmp_path / "g_rank0.trace.json.gz").read())
+    assert any(e.get("name") == "verl_mp/update" for e in trace["traceEvents"])
+    assert not (tmp_path / "g_rank0.trace.json").exists()
+
+
+@pytest.mark.parametrize("field,value", [("steps", [0]), ("ranks", [-1]), ("top", 0)])
+def test_bad_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"trainer.profile.{field}"):
+        ProfileConfig(**{field: value})

@@ -1,0 +1,35 @@
+"""``trainer.profile``: torch.profiler over chosen steps, on chosen ranks of every worker group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True)
+class ProfileConfig:
+    steps: list[int] = field(default_factory=list)
+    """Steps to profile (e.g. [2]: after step 1's warm-up); empty: none. Each profiled step
+    writes, per profiled rank, under ``<default_local_dir>/profile/step_<N>/``: the kernels
+    and ops ranked by their own device time (CPU time on a CPU run), ``<group>_rank<R>.txt``;
+    the time inside each phase of the step, ``<group>_rank<R>_phases.json``; and the
+    timeline, ``<group>_rank<R>.trace.json.gz`` (chrome://tracing or Perfetto). Profiling
+    slows the step it covers: its timing metrics are not comparable to the others'."""
+    ranks: list[int] = field(default_factory=lambda: [0])
+    """Ranks (within each worker group) that profile."""
+    top: int = 40
+    """Rows of the ranked table."""
+    record_shapes: bool = False
+    """Also record input shapes (the table then splits ops by shape)."""
+    with_stack: bool = False
+    """Also record Python stacks (large traces; for finding who launches a kernel)."""
+    trace: bool = True
+    """Write the timeline (it can be tens of MB for a GPU step)."""
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.steps if s < 1]
+        if bad:
+            raise ValueError(f"trainer.profile.steps={self.steps}: steps start at 1 (got {bad})")
+        if any(r < 0 for r in self.ranks):
+            raise ValueError(f"trainer.profile.ranks={self.ranks}: ranks must be >= 0")
+        if self.top < 1:
+            raise ValueError(f"trainer.profile.top={self.top} must be >= 1")
