@@ -15,7 +15,7 @@
 #   moe          : right after `launchers` (its ~/vllm026), or after `stash` + `stash_moe` carrying
 #                  .gpu-vllm/part2 (74 MB with .gpu-moe: over one call's limit), carry .gpu-moe (vLLM's _moe_C library from the
 #                  vllm 0.26.0 wheel) + .whl; issue 15: GRPO on a random Qwen3-MoE body (SIZE=moe in gpu_grpo.sh) with
-#                  actor.router_replay off and rollout (step table: TFLOP/s on active parameters, sync
+#                  actor.router_replay off and rollout (hooks, and vLLM's own capture: rollout_vllm) (step table: TFLOP/s on active parameters, sync
 #                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
 #   profile      : after `moe` (same machine): trainer.profile on a dense and a MoE GRPO step, and the
@@ -153,9 +153,12 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
   cp .gpu-moe/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
     || cp ~/gvk/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
     || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
-  for replay in ${REPLAYS:-off rollout}; do
+  # off | rollout (the project's routing hooks) | rollout_vllm (vLLM's own capture, rollout.routing_capture=vllm)
+  for replay in ${REPLAYS:-rollout_vllm rollout off}; do
+    local args=(actor.router_replay=${replay%_vllm})
+    [ "$replay" = rollout_vllm ] && args+=(rollout.routing_capture=vllm)
     CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MAX_NEW=${MAX_NEW:-256} MICRO=16 STEPS=${STEPS:-4} GAP_FREQ=1 timeout ${GRPO_S:-200} \
-      bash benchmarks/gpu_grpo.sh "$OUT/moe_grpo_$replay" actor.router_replay=$replay > "$OUT/moe_grpo_$replay.log" 2>&1
+      bash benchmarks/gpu_grpo.sh "$OUT/moe_grpo_$replay" "${args[@]}" > "$OUT/moe_grpo_$replay.log" 2>&1
     echo "moe grpo router_replay=$replay rc=$?"
     grep -E "run failed|Error|error:" "$OUT/moe_grpo_$replay.log" | tail -3 | cut -c1-400
     cp "$OUT/moe_grpo_$replay/metrics.jsonl" "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
@@ -167,7 +170,7 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
   [ "${TESTS_S:-80}" -gt 0 ] && CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout ${TESTS_S:-80} python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/gpu/test_rollout_gpu.py -k moe -s > "$OUT/moe_tests.log" 2>&1
   echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -6
-  for replay in ${REPLAYS:-off rollout}; do
+  for replay in ${REPLAYS:-rollout_vllm rollout off}; do
     echo "== router_replay=$replay"; python3 benchmarks/grpo_table.py "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
   done
 }

@@ -110,6 +110,8 @@ def test_router_replay_settings(moe_inputs, inputs):
         preflight(load_config("grpo", [*inputs, "actor.router_replay=rollout"]))
     with pytest.raises(ValueError, match=r"router_replay=rollout needs rollout.backend=vllm"):
         preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.backend=hf"]))
+    with pytest.raises(ValueError, match=r"rollout.routing_capture=vllm needs CUDA vLLM"):
+        preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.routing_capture=vllm"]))
     plan = preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=old_logprob"]))
     assert plan.actor_loss.router_replay == "old_logprob"
     assert load_config("grpo", ["model.path=m", "actor.router_replay=off"]).actor.router_replay == "off"  # not False

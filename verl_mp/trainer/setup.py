@@ -190,6 +190,9 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
 
     if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):  # the ranks run here, on CPU
         validate_moe_rollout(cfg.rollout, placement.pool_size("rollout"), cuda=False)
+        if replay == "rollout" and cfg.rollout.routing_capture == "vllm":
+            raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
+                             "runner); use rollout.routing_capture=hooks on CPU")
     if critic_enabled(cfg):
         raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
                          f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "
