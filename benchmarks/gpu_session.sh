@@ -18,7 +18,7 @@
 #                  actor.router_replay off and rollout (hooks, and vLLM's own capture: rollout_vllm) (step table: TFLOP/s on active parameters, sync
 #                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
-#   profile      : after `moe` (same machine): trainer.profile on a dense and a MoE GRPO step, and the
+#   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
@@ -43,6 +43,12 @@ setup_python() {
   fi
   export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
+}
+
+install_moe_lib() {  # vLLM's MoE kernels library, left out of the kit: carried now or stashed (stash_moe)
+  cp .gpu-moe/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
+    || cp ~/gvk/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
+    || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
 }
 
 bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
@@ -150,9 +156,7 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
   # same warm machine (its ~/vllm026), carrying .gpu-moe/ (vLLM 0.26's _moe_C library, which the
   # kit leaves out: 47 MB, too large to travel beside the kit's part 2) and .whl
   setup_python
-  cp .gpu-moe/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
-    || cp ~/gvk/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
-    || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
+  install_moe_lib
   # off | rollout (the project's routing hooks) | rollout_vllm (vLLM's own capture, rollout.routing_capture=vllm)
   for replay in ${REPLAYS:-rollout_vllm rollout off}; do
     local args=(actor.router_replay=${replay%_vllm})
@@ -176,8 +180,9 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO
-  # run, and the engine's train step at micro-batch 4 (needs ~/vllm026 with the MoE library: run after `moe`)
+  # run, and the engine's train step at micro-batch 4 (the MoE library carried in .gpu-moe or stashed)
   setup_python
+  install_moe_lib
   CUDA_VISIBLE_DEVICES=0 SIZE=0.5b MICRO=16 STEPS=2 GAP_FREQ=5 timeout 170 bash benchmarks/gpu_grpo.sh "$OUT/prof_dense" \
     "trainer.profile.steps=[2]" > "$OUT/prof_dense.log" 2>&1; echo "dense rc=$?"
   CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MICRO=16 STEPS=2 GAP_FREQ=5 timeout 200 bash benchmarks/gpu_grpo.sh \
