@@ -183,11 +183,11 @@ run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2
   # run, and the engine's train step at micro-batch 4 (the MoE library carried in .gpu-moe or stashed)
   setup_python
   install_moe_lib
-  CUDA_VISIBLE_DEVICES=0 SIZE=0.5b MICRO=16 STEPS=2 GAP_FREQ=5 timeout 170 bash benchmarks/gpu_grpo.sh "$OUT/prof_dense" \
+  CUDA_VISIBLE_DEVICES=0 SIZE=0.5b MICRO=16 STEPS=2 GAP_FREQ=5 timeout 150 bash benchmarks/gpu_grpo.sh "$OUT/prof_dense" \
     "trainer.profile.steps=[2]" > "$OUT/prof_dense.log" 2>&1; echo "dense rc=$?"
-  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MICRO=16 STEPS=2 GAP_FREQ=5 timeout 200 bash benchmarks/gpu_grpo.sh \
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MICRO=16 STEPS=2 GAP_FREQ=5 timeout 220 bash benchmarks/gpu_grpo.sh \
     "$OUT/prof_moe" "trainer.profile.steps=[2]" > "$OUT/prof_moe.log" 2>&1; echo "moe rc=$?"
-  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/train_mfu.py \
+  CUDA_VISIBLE_DEVICES=0 timeout 130 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/train_mfu.py \
     --variants 4:none --repeats 2 --profile "$OUT/prof_train" --out "$OUT/prof_train_mfu.json" > "$OUT/prof_train.log" 2>&1
   echo "train_mfu rc=$?"
   for run in prof_dense prof_moe; do
