@@ -46,9 +46,7 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.pla
      r"actor.megatron.expert_model_parallel_size=3 must divide the number of experts \(4\)"),
     (["actor.megatron.tensor_model_parallel_size=2"], r"needs actor.megatron.sequence_parallel=true"),
     (["algorithm.adv_estimator=gae"], r"a critic .* is not supported for it yet; use a critic-free estimator"),
-    (SPLIT + ["trainer.off_policy_steps=1", "actor.router_replay=rollout"],
-     r"checkpoints do not save the routing of the generations in flight"),
-], ids=["ep not dividing experts", "tp without sp", "critic", "replay from an off-policy rollout"])
+], ids=["ep not dividing experts", "tp without sp", "critic"])
 def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, message):
     from verl_mp.trainer.setup import preflight
 

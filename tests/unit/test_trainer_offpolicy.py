@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from verl_mp.config.loader import load_config
 from verl_mp.config.rollout import SamplingConfig
@@ -38,7 +39,7 @@ class _OrderedRollout:
         self.queue, self.done, self.version = [], {}, version
 
     def submit_generate(self, prompt_ids, sampling, record_routing=False):
-        self.queue.append(("generate", prompt_ids, sampling))
+        self.queue.append(("generate", prompt_ids, sampling, record_routing))
         return len(self.queue) - 1
 
     def sync(self, version):
@@ -53,11 +54,15 @@ class _OrderedRollout:
             if item[0] == "sync":
                 self.version, self.done[i] = item[1], None
             else:
-                _, prompts, sampling = item
+                _, prompts, sampling, record_routing = item
                 resp = [[p[0], sampling.seed, self.version] for p in prompts for _ in range(N)]
+                # routing [prompt + response, 2 layers, k=2] that names the sample and the weights
+                routing = [torch.full((1 + len(r), 2, 2), r[0] * 10 + self.version, dtype=torch.int16)
+                           for r in resp] if record_routing else None
                 self.done[i] = RolloutOutput(prompt_ids=prompts, response_ids=resp,
                                              response_logprobs=[[-0.5] * 3 for _ in resp], n=N,
-                                             finished=[True] * len(resp), wall_start=1.0 * i, wall_end=i + 0.5)
+                                             finished=[True] * len(resp), wall_start=1.0 * i, wall_end=i + 0.5,
+                                             routed_experts=routing)
             if i == call:
                 return self.done[i]
         raise AssertionError("waited for a call never made")
@@ -66,10 +71,10 @@ class _OrderedRollout:
         return self.wait(self.submit_generate(prompt_ids, sampling))
 
 
-def _source(ahead, rollout=None, sampler=None):
+def _source(ahead, rollout=None, sampler=None, record_routing=False):
     sampling = lambda step, r: SamplingConfig(n=N, seed=step * 100 + r)  # noqa: E731
     return RolloutSource(rollout or _OrderedRollout(), _Prompts(), sampler or ResumableBatchSampler(40, 2, seed=3),
-                         sampling, ahead=ahead)
+                         sampling, ahead=ahead, record_routing=record_routing)
 
 
 def _run(source, first, last, trace, total=6):
@@ -80,7 +85,8 @@ def _run(source, first, last, trace, total=6):
         used = {r[2] for r in gen.out.response_ids}
         assert used == {gen.version}, "the version tag must be the weights that generated the samples"
         source.prefetch(step, total)
-        trace.append((step, gen.prompts.indices, gen.version, gen.out.response_ids))
+        routing = None if gen.out.routed_experts is None else [r.tolist() for r in gen.out.routed_experts]
+        trace.append((step, gen.prompts.indices, gen.version, gen.out.response_ids, routing))
         source.workers.sync(step)  # the update of this step, then its weight sync
         source.synced(step)
 
@@ -89,7 +95,7 @@ def _run(source, first, last, trace, total=6):
 def test_versions_and_staleness_bound(ahead):
     trace = []
     _run(_source(ahead), 1, 6, trace)
-    staleness = [step - 1 - version for step, _, version, _ in trace]
+    staleness = [step - 1 - version for step, _, version, _, _ in trace]
     assert max(staleness) == ahead and all(s == ahead for s in staleness[ahead:])  # steady state: exactly K
     assert staleness[:ahead] == list(range(ahead))  # the first steps are fresher
     assert [t[1] for t in trace] == [[i for i in sampler_batch] for sampler_batch in _batches(6)]
@@ -100,26 +106,34 @@ def _batches(num):
     return [sampler.next_batch() for _ in range(num)]
 
 
+@pytest.mark.parametrize("routing", [False, True], ids=["", "with routing"])
 @pytest.mark.parametrize("ahead", [0, 1, 2])
-def test_checkpoint_with_steps_in_flight_resumes_exactly(ahead):
-    """Stop after step 3 (what is in flight is saved as JSON with the sampler), resume with
-    a fresh rollout holding the checkpoint's weights: steps 4-6 are what they were."""
+def test_checkpoint_with_steps_in_flight_resumes_exactly(ahead, routing, tmp_path):
+    """Stop after step 3 (what is in flight is saved as JSON with the sampler; its routed
+    experts, with routing replay, as safetensors beside it), resume with a fresh rollout
+    holding the checkpoint's weights: steps 4-6 are what they were, routing included."""
     full = []
-    _run(_source(ahead), 1, 6, full)
+    _run(_source(ahead, record_routing=routing), 1, 6, full)
     first, sampler = [], ResumableBatchSampler(40, 2, seed=3)
-    source = _source(ahead, sampler=sampler)
+    source = _source(ahead, sampler=sampler, record_routing=routing)
     _run(source, 1, 3, first)
     saved = json.loads(json.dumps({"source": source.state_dict(), "sampler": sampler.state_dict()}))
     assert len(saved["source"]["pending"]) == min(ahead, 3)
+    tensors = source.routing_state()
+    assert bool(tensors) == (routing and ahead > 0)
+    save_file(tensors, tmp_path / "r.safetensors")
 
     sampler2 = ResumableBatchSampler(40, 2, seed=3)
     sampler2.load_state_dict(saved["sampler"])
-    resumed = _source(ahead, rollout=_OrderedRollout(version=3), sampler=sampler2)
-    resumed.load_state_dict(saved["source"])
+    resumed = _source(ahead, rollout=_OrderedRollout(version=3), sampler=sampler2, record_routing=routing)
+    resumed.load_state_dict(saved["source"], load_file(tmp_path / "r.safetensors"))
     resumed.synced(3)
     rest = []
     _run(resumed, 4, 6, rest)
     assert first + rest == full
+    if routing and ahead:  # routing of a generation in flight, without its tensors: refused by name
+        with pytest.raises(ValueError, match="generation in flight for step 4 recorded routed experts"):
+            _source(ahead).load_state_dict(saved["source"], {})
 
 
 def test_generate_now_draws_new_prompts_with_the_current_weights():

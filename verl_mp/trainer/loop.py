@@ -22,6 +22,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from verl_mp.algo import estimator_spec
 from verl_mp.config.loader import to_yaml
@@ -42,6 +43,9 @@ from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
 from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
 
 logger = logging.getLogger(__name__)
+
+ROUTING_FILE = "rollout_routing.safetensors"
+"""Beside trainer_state.json: the routed experts of the generations in flight (`RolloutSource`)."""
 
 
 class RLTrainer:
@@ -292,6 +296,9 @@ class RLTrainer:
                              "rollout_source": self.source.state_dict()}
                     with open(os.path.join(staging, "trainer_state.json"), "w") as f:
                         json.dump(state, f)
+                    routing = self.source.routing_state()
+                    if routing:  # the in-flight generations' routed experts (router_replay=rollout)
+                        save_file(routing, os.path.join(staging, ROUTING_FILE))
                     with open(os.path.join(staging, "config.yaml"), "w") as f:
                         f.write(to_yaml(self.cfg))
                 _fault_injection_delay()
@@ -320,7 +327,9 @@ class RLTrainer:
         self.kl_ctrl.value = state["kl_coef"]
         # What was generated ahead (off-policy) is trained as it was; checkpoints written
         # before it was recorded had nothing in flight.
-        self.source.load_state_dict(state.get("rollout_source", {"version": step, "pending": []}))
+        routing_file = os.path.join(path, ROUTING_FILE)
+        routing = load_file(routing_file) if os.path.exists(routing_file) else None
+        self.source.load_state_dict(state.get("rollout_source", {"version": step, "pending": []}), routing)
         # The rollout engine still holds the initial weights: never sample from them.
         self.workers.sync_weights()
         self.source.synced(step)

@@ -15,8 +15,9 @@ the version of the last sync submitted before it. With ``K = off_policy_steps``:
   k+K-1: staleness at most K (exactly K in steady state).
 
 Checkpoints store what is in flight (`state_dict`: each pending step's prompt indices, its
-generated samples and their version) instead of regenerating them: regenerating would need
-the older weights that produced them. A resumed run takes those samples as they were, and
+generated samples and their version; `routing_state`: their routed experts, for
+``actor.router_replay=rollout``, as tensors beside the JSON) instead of regenerating them:
+regenerating would need the older weights that produced them. A resumed run takes those samples as they were, and
 since the sampler state and the rollout's weights (the checkpoint's version, synced at
 resume) are those of the uninterrupted run at that point, it continues exactly.
 """
@@ -26,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from verl_mp.config.rollout import SamplingConfig
 from verl_mp.data.batch import PromptBatch
@@ -108,16 +111,41 @@ class RolloutSource:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The version and every in-flight generation (waited for), JSON-ready."""
-        return {"version": self.version,
-                "pending": [{"step": step, "indices": list(p.prompts.indices), "version": p.version,
-                             "out": _output_state(self._resolve(p))} for step, p in sorted(self.pending.items())]}
+        """The version and every in-flight generation (waited for), JSON-ready; whether each
+        carries routing (its tensors: `routing_state`)."""
+        pending = []
+        for step, p in sorted(self.pending.items()):
+            out = self._resolve(p)
+            pending.append({"step": step, "indices": list(p.prompts.indices), "version": p.version,
+                            "out": _output_state(out), "routing": out.routed_experts is not None})
+        return {"version": self.version, "pending": pending}
 
-    def load_state_dict(self, state: dict) -> None:
+    def routing_state(self) -> dict[str, torch.Tensor]:
+        """The in-flight generations' routed experts as flat tensors (for safetensors):
+        ``step<N>.routing [sum of lengths, L, k]`` and ``step<N>.lengths [samples]``."""
+        tensors = {}
+        for step, p in sorted(self.pending.items()):
+            routing = self._resolve(p).routed_experts
+            if routing is not None:
+                tensors[f"step{step}.routing"] = torch.cat(routing).contiguous()
+                tensors[f"step{step}.lengths"] = torch.tensor([len(r) for r in routing], dtype=torch.int64)
+        return tensors
+
+    def load_state_dict(self, state: dict, routing: dict[str, torch.Tensor] | None = None) -> None:
+        """Restore `state_dict`'s content; ``routing``: `routing_state`'s tensors, needed when
+        a saved generation carries routing."""
         self.version = int(state["version"])
-        self.pending = {int(e["step"]): _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]),
-                                                 out=RolloutOutput(**e["out"]))
-                        for e in state["pending"]}
+        self.pending = {}
+        for e in state["pending"]:
+            step, experts = int(e["step"]), None
+            if e.get("routing"):
+                if routing is None or f"step{step}.routing" not in routing:
+                    raise ValueError(f"the checkpoint's generation in flight for step {step} recorded routed experts, "
+                                     "but their tensors are missing (rollout_routing.safetensors beside "
+                                     "trainer_state.json); resume from another checkpoint")
+                experts = list(torch.split(routing[f"step{step}.routing"], routing[f"step{step}.lengths"].tolist()))
+            out = RolloutOutput(**e["out"], routed_experts=experts)
+            self.pending[step] = _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]), out=out)
 
 
 def _output_state(out: RolloutOutput) -> dict:

@@ -174,10 +174,6 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
             logger.warning("actor.moe is set but %s is a dense model: the router settings have no effect",
                            cfg.model.path)
         return
-    if replay == "rollout" and cfg.trainer.off_policy_steps:
-        raise ValueError(f"actor.router_replay=rollout with trainer.off_policy_steps={cfg.trainer.off_policy_steps}: "
-                         "checkpoints do not save the routing of the generations in flight yet, so a resumed run "
-                         "could not replay it; use actor.router_replay=old_logprob (or off), or off_policy_steps=0")
     if replay == "rollout" and cfg.rollout.backend != "vllm":
         raise ValueError("actor.router_replay=rollout needs rollout.backend=vllm (the rollout records the routing)")
     if replay != "off" and cfg.actor.recompute != "none" and cfg.actor.megatron.pipeline_model_parallel_size > 1:
