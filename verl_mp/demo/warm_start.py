@@ -1,7 +1,9 @@
 """The embedded demo: a tiny Qwen2 model learns, with GRPO on a CPU, what its warm start got wrong.
 
 The mixture-of-experts demo (preset ``tiny_moe_cpu``, `MoEDemoSettings`) does the same with
-a tiny Qwen3-MoE (4 experts, top-2) trained under expert parallelism.
+a tiny Qwen3-MoE (4 experts, top-2) trained under expert parallelism. The GPU demo (preset
+``demo_gpu``, `GPU_DEMO`) does it on one GPU with a 0.17B Qwen2 under the full 151,936-entry
+vocabulary (the tiny tokenizer padded to it), warm-started on the GPU.
 
 Nothing is downloaded: the project writes the data (`verl_mp.demo.task`, problems
 like ``What is 374+8?``), builds the tokenizer and a random tiny Qwen2 model, then
