@@ -23,11 +23,15 @@
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
 #                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
+#   demo         : after `stash`, carry .gpu-vllm/part2 + .whl; issue 14 item 5: the GPU demo (preset demo_gpu:
+#                  an 8x768 Qwen2 body with the full 151,936-entry vocabulary, warm-started on the GPU, then 30
+#                  GRPO steps on the fused log-prob kernel path, val/accuracy every 5 steps); ~5-7 min in all.
+#                  Prints the warm start's held-out scores, the step table and the reward/val curve.
 #   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe}
+phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -198,6 +202,30 @@ run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2
   grep -E '^[{]"profile' "$OUT/prof_train.log" | cut -c1-700
 }
 
+run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200
+  setup_python
+  local run=/tmp/demo_run  # the run directory stays here; only the small files are copied to $OUT
+  # DEMO_S: the warm start (~1 min) + start-up (~1 min) + 30 steps + 7 validations, inside one call
+  CUDA_VISIBLE_DEVICES=0 VERL_MP_CACHE=/tmp/demo_cache timeout ${DEMO_S:-420} python3 -m verl_mp train \
+    --config-name demo_gpu trainer.default_local_dir=$run trainer.save_final=false "$@" > "$OUT/demo.log" 2>&1
+  echo "demo rc=$?"
+  grep -E "run failed|Error|error:" "$OUT/demo.log" | tail -3 | cut -c1-400
+  cp /tmp/demo_cache/demo-*/sft_model/warm_start.json "$OUT/demo_warm_start.json" 2>/dev/null
+  cp "$run/metrics.jsonl" "$OUT/demo_metrics.jsonl" 2>/dev/null
+  cp "$run/summary.md" "$run/curves.png" "$OUT/" 2>/dev/null
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('warm start', r['seconds'], 's, held-out', r['held_out'])" \
+    "$OUT/demo_warm_start.json"
+  python3 benchmarks/grpo_table.py "$OUT/demo_metrics.jsonl" 2>/dev/null
+  python3 - "$OUT/demo_metrics.jsonl" <<'PY'
+import json, sys
+print("step | reward/score/mean | val/accuracy")
+for row in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
+    cells = [row.get(k) for k in ("reward/score/mean", "val/accuracy")]
+    if any(c is not None for c in cells):
+        print(row["step"], *("-" if c is None else f"{c:.3f}" for c in cells), sep=" | ")
+PY
+}
+
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine
@@ -210,6 +238,7 @@ case "$phase" in
   offpolicy) run_offpolicy ;;
   moe) run_moe ;;
   profile) run_profile ;;
+  demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || exit 1

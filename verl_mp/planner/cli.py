@@ -3,7 +3,9 @@
     verl-mp plan --config-name grpo model.path=/ckpt/Qwen2.5-7B [overrides] [--gpu-memory-gib 80]
 
 Reads the preset and overrides exactly as ``verl-mp train`` does and the model's shape
-from ``model.path``/config.json (no weights, no GPU). Prints the table and, when the run
+from ``model.path``/config.json (no weights, no GPU). With no ``model.path``, a demo preset
+(``tiny_cpu``, ``demo_gpu``) plans its demo model, whose config.json is written to a
+temporary directory (nothing is trained). Prints the table and, when the run
 does not fit, ranked overrides that make it fit. Exit status: 0 fits, 1 does not fit,
 2 bad input.
 """
@@ -47,9 +49,23 @@ def read_spec(model_path: str):
         return spec_from_hf_config(json.load(f), source=path)
 
 
+def _demo_spec(config_name: str):
+    """`GPTSpec` of a dense demo preset's model (`verl_mp.demo.warm_start.DEMO_PRESETS`), or None."""
+    import tempfile
+
+    from verl_mp.demo.warm_start import DEMO_PRESETS, MoEDemoSettings, write_demo_model_config
+
+    settings = DEMO_PRESETS.get(config_name)
+    if settings is None or isinstance(settings, MoEDemoSettings):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        return read_spec(str(write_demo_model_config(tmp, settings)))
+
+
 def run_plan(args) -> int:
     cfg = load_config(args.config_name, args.overrides)
-    spec = read_spec(cfg.model.path)
+    spec = _demo_spec(args.config_name) if not cfg.model.path else None
+    spec = spec or read_spec(cfg.model.path)
     options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib, logprob_impl=args.logprob_impl,
                           cache_released=not args.keep_cache)
     result = plan(cfg, spec, options)
