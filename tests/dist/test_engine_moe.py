@@ -27,7 +27,7 @@ BATCH = 7
 TOL = 1e-4
 LAUNCHES = [  # name, layout flags, ranks, checks; "ep2" saves what "resume" loads
     ("ep2", dict(ep=2), 2, "logprobs,train,save,packed,replay"),
-    ("tp2_ep2", dict(tp=2, ep=2), 4, "logprobs,export,train,resume"),  # expert-TP = TP = 2
+    ("tp2_ep2", dict(tp=2, ep=2), 4, "logprobs,export,train,resume,critic"),  # expert-TP = TP = 2
     ("pp2_ep2", dict(pp=2, ep=2), 4, "logprobs,export,train,resume,packed,replay"),
     ("ep2_etp2", dict(ep=2, etp=2), 4, "logprobs,train"),
     ("tp2_ep2_etp1", dict(tp=2, ep=2, etp=1), 2, "logprobs,train,replay"),  # the EP group is the TP group
@@ -269,3 +269,32 @@ def test_routing_replay_forces_the_given_experts(env, layout):
         diff, moved = compare(got, reference, mask), compare(got, natural, mask)
         print(f"{layout} {kind}: forced routing vs HF forced {diff:.1e}; moved from natural by {moved:.2f}")
         assert diff <= TOL and moved > 100 * TOL, (kind, diff, moved)
+
+
+def test_moe_critic_values_train_and_export_to_hf(env):
+    """A Qwen2-MoE critic at TP2 x EP2: one value-loss step moves its values; its HF export
+    (Qwen2MoeForTokenClassification: the body and the score head) gives the same values in
+    transformers (fp32, <= 1e-4) and, loaded back into a critic engine, exactly."""
+    import importlib.util
+
+    from transformers import AutoModelForTokenClassification
+
+    spec = importlib.util.spec_from_file_location("engine_checks", Path(PROG).parent / "engine_checks.py")
+    checks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(checks)
+    batch_for = checks.batch_for
+    got = env["results"]["tp2_ep2"]["critic"]
+    assert got["metrics"]["vf_loss"] > 0 and got["metrics"]["grad_norm"] > 0
+    assert got["metrics"]["moe/load_balancing_loss"] > 0  # the router losses reached the critic
+    before, after = torch.tensor(got["before"]), torch.tensor(got["after"])
+    assert (after - before).abs().max() > 1e-4
+    assert torch.equal(torch.tensor(got["reloaded"]), after)  # the export loads back into the engine exactly
+    hf = AutoModelForTokenClassification.from_pretrained(str(env["work"] / "critic_tp2_ep2"),
+                                                         dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen2MoeForTokenClassification"
+    b = batch_for(hf.config.vocab_size, 2)
+    with torch.no_grad():
+        for row in range(len(b["input_ids"])):
+            cols = b["attention_mask"][row].nonzero().squeeze(-1)
+            ref = hf(b["input_ids"][row, cols][None]).logits[0, :, 0]
+            assert torch.allclose(after[row, cols], ref, atol=1e-4), (row, (after[row, cols] - ref).abs().max())

@@ -45,8 +45,7 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.pla
     (["actor.megatron.expert_model_parallel_size=3", "trainer.nproc=3", "rollout.tensor_model_parallel_size=1"],
      r"actor.megatron.expert_model_parallel_size=3 must divide the number of experts \(4\)"),
     (["actor.megatron.tensor_model_parallel_size=2"], r"needs actor.megatron.sequence_parallel=true"),
-    (["algorithm.adv_estimator=gae"], r"a critic .* is not supported for it yet; use a critic-free estimator"),
-], ids=["ep not dividing experts", "tp without sp", "critic"])
+], ids=["ep not dividing experts", "tp without sp"])
 def test_preflight_refuses_what_a_moe_run_cannot_do(moe_inputs, overrides, message):
     from verl_mp.trainer.setup import preflight
 
@@ -60,6 +59,10 @@ def test_preflight_plans_an_expert_parallel_run(moe_inputs):
     plan = preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2",
                                           "actor.moe.aux_loss_coeff=0.01"]))
     assert plan.actor.parallel.expert_model_parallel_size == 2 and plan.ref.moe.aux_loss_coeff == 0.01
+    # PPO: a critic on the MoE body, with expert parallelism of its own
+    plan = preflight(load_config("ppo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2",
+                                         "critic.megatron.expert_model_parallel_size=2"]))
+    assert plan.critic.parallel.expert_model_parallel_size == 2 and plan.has("critic")
 
 
 def test_preflight_plans_a_moe_run_with_the_rollout_on_its_own_pool(moe_inputs, monkeypatch):

@@ -162,7 +162,8 @@ class ActorConfig(EngineRoleConfig):
     """The parallel layout of the actor and reference (and of a colocated critic)."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     """Router losses, token dispatch and expert capacity of a mixture-of-experts actor (ignored
-    by dense models). The reference policy routes with the same settings."""
+    by dense models). The reference policy and a critic (PPO, on the same MoE body) route
+    with the same settings."""
     router_replay: str = "off"
     """Mixture-of-experts routing replay: ``off`` (every pass routes on its own), ``rollout``
     (vLLM records each token's experts while sampling and the actor's old-log-prob pass and

@@ -52,8 +52,6 @@ class MegatronEngine:
         # Validates config and safetensors headers before anything is built.
         self.hf = open_hf_checkpoint(config.model_path, value_head=config.role == "critic", config_only=True)
         self.spec = self.hf.spec
-        if self.spec.moe is not None and self.spec.value_head:
-            raise ValueError("engine.role='critic' is not supported for mixture-of-experts models yet")
         self.state = ensure_parallel(config.parallel, self.spec.shape, seed=config.seed, trainable=config.trainable)
         self.backend = resolve_backend(config.attention_backend)
         if config.remove_padding and self.backend == "local":

@@ -198,10 +198,9 @@ def register_architecture(arch: Architecture) -> None:
 
 for _prefix, _model_type, _rules, _flags in _BASES:
     register_architecture(Architecture(f"{_prefix}ForCausalLM", _model_type, _rules, **_flags))
-    if "moe" not in _flags:  # mixture-of-experts critics: not built yet
-        register_architecture(
-            Architecture(f"{_prefix}ForTokenClassification", _model_type, _critic(_rules), value_head=True, **_flags)
-        )
+    register_architecture(
+        Architecture(f"{_prefix}ForTokenClassification", _model_type, _critic(_rules), value_head=True, **_flags)
+    )
 
 
 def get_architecture(name: str, source: str = "config.json") -> Architecture:

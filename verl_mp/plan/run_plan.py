@@ -151,7 +151,7 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
         recompute_num_layers=section.recompute_num_layers,
         offload_params=section.offload.params, offload_grads=section.offload.grads,
         offload_optimizer=section.offload.optimizer, seed=cfg.trainer.seed,
-        # The reference routes like the actor (a critic has no router: MoE critics are refused).
+        # The reference and a critic on a MoE body route with the actor's router settings.
         moe=cfg.actor.moe,
     )
 

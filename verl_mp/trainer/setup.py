@@ -189,11 +189,6 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
         if replay == "rollout" and cfg.rollout.routing_capture == "vllm":
             raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
                              "runner); use rollout.routing_capture=hooks on CPU")
-    if critic_enabled(cfg):
-        raise ValueError(f"{spec.architecture} is a mixture-of-experts model: a critic (critic.enable, or "
-                         f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}, which needs values) is not "
-                         "supported for it yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
-                         "remax) and critic.enable=false")
 
 
 def _check_rollout_architecture(cfg: RootConfig, spec) -> None:

@@ -14,6 +14,9 @@ Checks (``--checks``, comma separated):
 - ``packed``: without router losses (they depend on how tokens are grouped into
   micro-batches), one step with padded fixed-size micro-batches and one with packed
   token-budget ones, whose counts differ between data-parallel ranks (padding micro-batches).
+- ``critic``: a Qwen2-MoE critic (value head on the MoE body, router losses on): values of a
+  fixed batch, one value-loss step, the values after it, its HF export
+  (``*ForTokenClassification``) and the values of a critic engine loaded from that export.
 - ``replay``: routing replay on Qwen3-MoE and Qwen2-MoE (padded micro-batches, and packed
   token-budget ones): the recorded natural routing, log-probs replaying it, log-probs and
   recorded routing when replaying `forced_routing` of it, and the routing a train step used
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from engine_checks import batch_for, pg_loss
+from engine_checks import batch_for, pg_loss, value_loss
 
 from verl_mp.config.moe import MoEConfig
 from verl_mp.config.optim import OptimConfig
@@ -112,6 +115,22 @@ class Runner:
                              replayed_natural_routing_equal=bool(torch.equal(same_routing, routing)),
                              forced=lp.tolist(), forced_used=used.tolist(),
                              train_used=engine.recorded_routing.tolist())
+
+    def check_critic(self):
+        critic = self.engine("qwen2_moe", role="critic")
+        b = batch_for(critic.spec.vocab_size, 2)
+        before = critic.compute_values(b["input_ids"], b["attention_mask"])
+        metrics = critic.train_step(b, value_loss(b))
+        after = critic.compute_values(b["input_ids"], b["attention_mask"])
+        exported = Path(self.a.work) / f"critic_{self.a.name}"
+        critic.export_hf(str(exported))
+        # the exported *ForTokenClassification checkpoint loads back into a critic engine
+        again = MegatronEngine(EngineConfig(model_path=str(exported), role="critic", parallel=self.parallel,
+                                            micro_batch_size=2, attention_backend="sdpa", moe=ROUTER_LOSSES))
+        again.load_hf()
+        reloaded = again.compute_values(b["input_ids"], b["attention_mask"])
+        self.results["critic"] = dict(before=before.tolist(), after=after.tolist(), reloaded=reloaded.tolist(),
+                                      metrics=metrics)
 
     def check_resume(self):
         engine = self.engine("qwen2_moe", role="actor")
