@@ -110,7 +110,8 @@ def summarize(averages) -> dict:
                 entry["calls"] += avg.count
                 entry["cpu_ms"] += avg.cpu_time_total / 1e3
             entry["device_ms"] = max(entry["device_ms"], avg.device_time_total / 1e3)
-        elif avg.device_type != DeviceType.CPU and avg.self_device_time_total > 0:
+        elif (avg.device_type != DeviceType.CPU and avg.self_device_time_total > 0
+              and not getattr(avg, "is_user_annotation", False)):  # ranges over kernels, not kernels
             kind = kernel_kind(avg.key)
             kinds[kind] = kinds.get(kind, 0.0) + avg.self_device_time_total / 1e3
     return {"phases": phases, "device_ms_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
