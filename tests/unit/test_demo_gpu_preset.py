@@ -44,6 +44,13 @@ def test_demo_gpu_plan_fits_an_h200(capsys):
     assert "model 0.17B params" in out and "-> fits" in out, out
 
 
+def test_the_moe_demo_plans_without_a_model_path(capsys):
+    from verl_mp.cli import main as cli_main
+
+    assert cli_main(["plan", "--config-name", "tiny_moe_cpu", "--gpu-memory-gib", "80"]) == 0
+    assert "-> fits" in capsys.readouterr().out
+
+
 def test_demo_gpu_passes_preflight_with_its_tokenizer(tmp_path):
     """The trainer's preflight (layouts, batch sizes, lengths, the data tokenized with the
     padded 151,936-entry tokenizer, and the memory planner for an H200) accepts the preset."""

@@ -232,11 +232,7 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
                             max_digits=s.max_digits, second_digits=s.second_digits)
     tmp = root / "init_model"
     if isinstance(s, MoEDemoSettings):
-        from verl_mp.demo.tiny_models import save_tiny_moe
-
-        save_tiny_moe(tmp, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
-                      num_kv_heads=s.num_kv_heads, num_experts=s.num_experts, top_k=s.top_k,
-                      moe_intermediate_size=s.moe_intermediate_size, seed=s.seed, vocab_size=s.vocab_size)
+        _save_moe_init(tmp, s)
     else:
         save_tiny_qwen2(tmp, **demo_model_shape(s), seed=s.seed, vocab_size=s.vocab_size)
     model, tok = _sft(tmp, data_dir / "train.parquet", model_dir, s)
@@ -258,15 +254,25 @@ def demo_model_shape(s: DemoSettings) -> dict:
                 tie_word_embeddings=s.tie_word_embeddings, max_position_embeddings=512)
 
 
+def _save_moe_init(out_dir: Path, s: MoEDemoSettings) -> Path:
+    """The MoE demo's random initial model (before the warm start)."""
+    from verl_mp.demo.tiny_models import save_tiny_moe
+
+    return save_tiny_moe(out_dir, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
+                         num_kv_heads=s.num_kv_heads, num_experts=s.num_experts, top_k=s.top_k,
+                         moe_intermediate_size=s.moe_intermediate_size, seed=s.seed, vocab_size=s.vocab_size)
+
+
 def write_demo_model_config(out_dir: str | Path, s: DemoSettings) -> Path:
-    """Only the dense demo model's ``config.json`` (no weights, no training), for the memory
-    planner (``verl-mp plan --config-name demo_gpu``)."""
+    """The demo model's ``config.json`` without training, for the memory planner (``verl-mp
+    plan --config-name demo_gpu``): only the config for the dense demos; for the (tiny) MoE
+    demo, its random initial checkpoint (the same shape)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from verl_mp.demo.tiny_models import qwen2_shape, tiny_tokenizer_config
 
     if isinstance(s, MoEDemoSettings):
-        raise ValueError("write_demo_model_config covers the dense demos only (not tiny_moe_cpu)")
+        return _save_moe_init(Path(out_dir), s)
     config, _ = tiny_tokenizer_config(Qwen2Config, Qwen2ForCausalLM, qwen2_shape(**demo_model_shape(s)),
                                       s.vocab_size)
     config.save_pretrained(str(out_dir))

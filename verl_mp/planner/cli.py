@@ -4,7 +4,7 @@
 
 Reads the preset and overrides exactly as ``verl-mp train`` does and the model's shape
 from ``model.path``/config.json (no weights, no GPU). With no ``model.path``, a demo preset
-(``tiny_cpu``, ``demo_gpu``) plans its demo model, whose config.json is written to a
+(``tiny_cpu``, ``tiny_moe_cpu``, ``demo_gpu``) plans its demo model, whose config.json is written to a
 temporary directory (nothing is trained). Prints the table and, when the run
 does not fit, ranked overrides that make it fit. Exit status: 0 fits, 1 does not fit,
 2 bad input.
@@ -50,13 +50,13 @@ def read_spec(model_path: str):
 
 
 def _demo_spec(config_name: str):
-    """`GPTSpec` of a dense demo preset's model (`verl_mp.demo.warm_start.DEMO_PRESETS`), or None."""
+    """`GPTSpec` of a demo preset's model (`verl_mp.demo.warm_start.DEMO_PRESETS`), or None."""
     import tempfile
 
-    from verl_mp.demo.warm_start import DEMO_PRESETS, MoEDemoSettings, write_demo_model_config
+    from verl_mp.demo.warm_start import DEMO_PRESETS, write_demo_model_config
 
     settings = DEMO_PRESETS.get(config_name)
-    if settings is None or isinstance(settings, MoEDemoSettings):
+    if settings is None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         return read_spec(str(write_demo_model_config(tmp, settings)))
