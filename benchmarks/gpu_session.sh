@@ -156,13 +156,14 @@ run_offpolicy() {  # issue 16: rollout on its own GPU, off-policy 0/1, vs coloca
   done
 }
 
-run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs after `launchers` on the
-  # same warm machine (its ~/vllm026), carrying .gpu-moe/ (vLLM 0.26's _moe_C library, which the
-  # kit leaves out: 47 MB, too large to travel beside the kit's part 2) and .whl
+run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); after `stash` + `stash_moe` carrying
+  # .gpu-vllm/part2 + .whl, or on a machine that has ~/vllm026 already, carrying .gpu-moe/ (vLLM 0.26's
+  # _moe_C library, which the kit leaves out: 47 MB, too large to travel beside the kit's part 2) + .whl
   setup_python
   install_moe_lib
   # off | rollout (the project's routing hooks) | rollout_vllm (vLLM's own capture, rollout.routing_capture=vllm)
-  for replay in ${REPLAYS:-rollout_vllm rollout off}; do
+  # one GRPO run fits one call beside the rest; REPLAYS="off rollout" with STEPS=3 GRPO_S=230 TESTS_S=0 for two
+  for replay in ${REPLAYS:-rollout_vllm}; do
     local args=(actor.router_replay=${replay%_vllm})
     [ "$replay" = rollout_vllm ] && args+=(rollout.routing_capture=vllm)
     CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MAX_NEW=${MAX_NEW:-256} MICRO=16 STEPS=${STEPS:-4} GAP_FREQ=1 timeout ${GRPO_S:-200} \
@@ -170,6 +171,7 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
     echo "moe grpo router_replay=$replay rc=$?"
     grep -E "run failed|Error|error:" "$OUT/moe_grpo_$replay.log" | tail -3 | cut -c1-400
     cp "$OUT/moe_grpo_$replay/metrics.jsonl" "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
+    python3 benchmarks/grpo_table.py "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
   done
   local model=/tmp/moe_work/model  # the MoE body gpu_grpo.sh wrote
   CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-100} python3 benchmarks/rollout_speed.py --mode standalone --model "$model" \
@@ -178,9 +180,6 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); runs afte
   [ "${TESTS_S:-80}" -gt 0 ] && CUDA_VISIBLE_DEVICES=${GPUS:-0,1} timeout ${TESTS_S:-80} python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/gpu/test_rollout_gpu.py -k moe -s > "$OUT/moe_tests.log" 2>&1
   echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -6
-  for replay in ${REPLAYS:-rollout_vllm rollout off}; do
-    echo "== router_replay=$replay"; python3 benchmarks/grpo_table.py "$OUT/moe_${replay}_metrics.jsonl" 2>/dev/null
-  done
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO

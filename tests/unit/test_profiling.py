@@ -24,6 +24,7 @@ pytestmark = pytest.mark.unit
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "nccl"),
     ("logprob_fwd_kernel", "verl_mp"),
     ("triton_poi_fused_add_mul_0", "triton"),
+    ("fused_moe_kernel", "gemm"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "elementwise"),
     ("Memcpy HtoD (Pageable -> Device)", "copy"),
     ("some_unknown_kernel", "other"),

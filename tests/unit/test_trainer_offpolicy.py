@@ -134,6 +134,9 @@ def test_checkpoint_with_steps_in_flight_resumes_exactly(ahead, routing, tmp_pat
     if routing and ahead:  # routing of a generation in flight, without its tensors: refused by name
         with pytest.raises(ValueError, match="generation in flight for step 4 recorded routed experts"):
             _source(ahead).load_state_dict(saved["source"], {})
+    if ahead and not routing:  # replay asked for, but what is in flight recorded no routing
+        with pytest.raises(ValueError, match="generation in flight for step 4 was made without recording"):
+            _source(ahead, record_routing=True).load_state_dict(saved["source"], {})
 
 
 def test_generate_now_draws_new_prompts_with_the_current_weights():

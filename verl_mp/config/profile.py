@@ -13,7 +13,10 @@ class ProfileConfig:
     and ops ranked by their own device time (CPU time on a CPU run), ``<group>_rank<R>.txt``;
     the time inside each phase of the step, ``<group>_rank<R>_phases.json``; and the
     timeline, ``<group>_rank<R>.trace.json.gz`` (chrome://tracing or Perfetto). Profiling
-    slows the step it covers: its timing metrics are not comparable to the others'."""
+    slows the step it covers: its timing metrics are not comparable to the others'. With the
+    rollout on a pool of its own and ``trainer.off_policy_steps > 0`` the rollout group's
+    session covers the generation running during the step (the next step's), and opening and
+    closing it waits for that group's calls in flight, so the step loses its overlap."""
     ranks: list[int] = field(default_factory=lambda: [0])
     """Ranks (within each worker group) that profile."""
     top: int = 40

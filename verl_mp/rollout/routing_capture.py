@@ -20,9 +20,9 @@ Requests are matched to the finished sequences by their tokens: a sequence
 sampled token never is, except after an extra step of vLLM's async scheduling: `routing_for`),
 so the recorded token sequence of its request is ``(prompt + response)[:-1]``; identical
 sequences route identically. Every position must
-have been run by its own request, so the rollout turns vLLM's prefix cache off while it
-records (`verl_mp.rollout.vllm_rollout.VLLMRollout`), and CUDA graphs too (callbacks do not
-run inside a replayed graph).
+have been run by its own request, so a rollout that records turns vLLM's prefix cache off
+for the whole run (`verl_mp.rollout.vllm_rollout.VLLMRollout`), and CUDA graphs too
+(callbacks do not run inside a replayed graph).
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ class VLLMRollout:
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
+        if record_routing and cfg.routing_capture == "vllm" and not self.version.startswith("0.26"):
+            raise ValueError(f"rollout.routing_capture=vllm is built for vLLM 0.26's GPU model runner (this is vLLM "
+                             f"{self.version}, whose capture needs Model Runner V2); use rollout.routing_capture=hooks")
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
         if moe:

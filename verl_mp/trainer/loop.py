@@ -96,6 +96,10 @@ class RLTrainer:
         limit = self.cfg.trainer.max_steps_this_run
         end = total if limit is None else min(total, start + limit)
         self._end = end
+        unprofiled = [s for s in t.profile.steps if not start < s <= end]
+        if unprofiled and self.rank == 0:
+            logger.warning("trainer.profile.steps %s are outside the steps this run trains (%d..%d): not profiled",
+                           unprofiled, start + 1, end)
         with Progress(total, initial=start, rank=self.rank) as bar:
             for step in range(start + 1, end + 1):
                 last = self.profiled_step(step) if step in t.profile.steps else self.step(step)

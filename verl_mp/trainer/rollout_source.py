@@ -138,6 +138,11 @@ class RolloutSource:
         self.pending = {}
         for e in state["pending"]:
             step, experts = int(e["step"]), None
+            if self.record_routing and not e.get("routing"):
+                raise ValueError(f"actor.router_replay=rollout, but the checkpoint's generation in flight for step "
+                                 f"{step} was made without recording routed experts (a run with another "
+                                 "actor.router_replay); resume with that setting, or from a checkpoint without "
+                                 "generations in flight (trainer.off_policy_steps=0)")
             if e.get("routing"):
                 if routing is None or f"step{step}.routing" not in routing:
                     raise ValueError(f"the checkpoint's generation in flight for step {step} recorded routed experts, "

@@ -7,9 +7,11 @@ phase. On close a profiling rank writes three files (`ProfileConfig` says which)
 
 - ``<name>.txt``: ops and kernels ranked by their own device time (CPU time on a CPU run);
 - ``<name>_phases.json``: per phase, CPU and device milliseconds; and the device time of
-  the step's kernels by kind (``gemm``, ``attention``, ``verl_mp``: the project's Triton
-  kernels, ``triton``: others, ``nccl``, ``copy``, ``elementwise``, ``other``), the first
-  place to look for where a GPU step goes;
+  the step's kernels by kind (``gemm``, vLLM's fused-MoE GEMM included; ``attention``;
+  ``verl_mp``: the project's Triton kernels; ``triton``: torch.compile's generated ones;
+  ``nccl``, ``copy``, ``elementwise``, ``other``: by name, so a hand-written kernel of another
+  library may land in ``other``: the ranked table names it), the first place to look for
+  where a GPU step goes;
 - ``<name>.trace.json.gz``: the timeline.
 """
 
@@ -33,8 +35,9 @@ KERNEL_KINDS = (  # first match wins; lower-cased kernel names
     ("nccl", ("nccl",)),
     ("verl_mp", ("logprob_fwd_kernel", "logprob_bwd_kernel", "gae_kernel", "group_adv_kernel")),
     ("attention", ("flash", "fmha", "attention", "attn", "sdpa", "cudnn_sdpa")),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "_mm_", "wgmma")),
-    ("triton", ("triton",)),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "_mm_", "wgmma",
+              "fused_moe_kernel", "grouped_mm")),  # vLLM's Triton MoE GEMM; torch's grouped GEMM
+    ("triton", ("triton_",)),  # inductor-generated (torch.compile); other Triton kernels go by their own names
     ("copy", ("memcpy", "memset", "copy_", "catarray", "transpose")),
     ("elementwise", ("elementwise", "vectorized", "reduce", "softmax", "norm", "unrolled")),
 )
