@@ -199,6 +199,8 @@ run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2
     echo "== $run"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: round(v['cpu_ms']) for k, v in d['phases'].items()}); print({k: round(v) for k, v in d['device_ms_by_kind'].items()})" "$OUT/${run}_phases.json"
   done
   grep -E '^[{]"profile' "$OUT/prof_train.log" | cut -c1-700
+  cp "$OUT"/prof_train/*.txt "$OUT/prof_train_top.txt" 2>/dev/null
+  head -45 "$OUT/prof_train_top.txt" 2>/dev/null | cut -c1-160  # the train step's kernels by device time
 }
 
 run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200

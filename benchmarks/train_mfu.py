@@ -100,7 +100,7 @@ def run_variant(path: str, micro: int, recompute: str, data: dict, repeats: int,
             from verl_mp.config.profile import ProfileConfig
             from verl_mp.utils.profiling import StepProfiler, phase
 
-            prof, opts = StepProfiler(), vars(ProfileConfig())
+            prof, opts = StepProfiler(), {**vars(ProfileConfig()), "trace": False}  # the table, not the timeline
             prof.start(profile, f"micro{micro}_{recompute}", opts)
             with phase("train_step"):
                 engine.train_step(data, loss, with_entropy=True)
