@@ -100,8 +100,8 @@ def run_variant(path: str, micro: int, recompute: str, data: dict, repeats: int,
             from verl_mp.config.profile import ProfileConfig
             from verl_mp.utils.profiling import StepProfiler, phase
 
-            prof, opts = StepProfiler(), {**vars(ProfileConfig()), "trace": False}  # the table, not the timeline
-            prof.start(profile, f"micro{micro}_{recompute}", opts)
+            prof = StepProfiler()
+            prof.start(profile, f"micro{micro}_{recompute}", ProfileConfig(trace=False))  # the table, not the timeline
             with phase("train_step"):
                 engine.train_step(data, loss, with_entropy=True)
             print(json.dumps({"profile": f"micro{micro}_{recompute}", **prof.stop()}), flush=True)

@@ -35,10 +35,9 @@ def test_kernel_kinds(name, kind):
 
 def test_a_session_writes_the_table_the_phases_and_the_trace(tmp_path):
     prof = StepProfiler()
-    options = {k: getattr(ProfileConfig(), k) for k in ("ranks", "top", "record_shapes", "with_stack", "trace")}
-    prof.start(str(tmp_path), "g_rank0", options)
+    prof.start(str(tmp_path), "g_rank0", ProfileConfig())
     with pytest.raises(RuntimeError, match="already open"):
-        prof.start(str(tmp_path), "g_rank0", options)
+        prof.start(str(tmp_path), "g_rank0", ProfileConfig())
     a = torch.randn(256, 256)
     for _ in range(2):
         with phase("update"):

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,7 +26,6 @@ from safetensors.torch import load_file, save_file
 
 from verl_mp.algo import estimator_spec
 from verl_mp.config.loader import to_yaml
-from verl_mp.config.profile import ProfileConfig
 from verl_mp.config.schema import RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
@@ -122,11 +121,8 @@ class RLTrainer:
     def profiled_step(self, step: int) -> dict[str, float]:
         """`step` under torch.profiler on the ranks `trainer.profile` names; the files go to
         ``<default_local_dir>/profile/step_<N>/`` (`verl_mp.utils.profiling`)."""
-        prof = self.cfg.trainer.profile
-        options = {f.name: getattr(prof, f.name) for f in fields(ProfileConfig)}
-        options.update(steps=list(options["steps"]), ranks=list(options["ranks"]))
         directory = os.path.join(self.cfg.trainer.default_local_dir, "profile", f"step_{step}")
-        self.workers.start_profile(directory, options)
+        self.workers.start_profile(directory, self.cfg.trainer.profile)
         metrics = self.step(step)
         for group, summary in self.workers.stop_profile().items():
             if summary is not None and self.rank == 0:

@@ -17,11 +17,8 @@ phase. On close a profiling rank writes three files (`ProfileConfig` says which)
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -67,17 +64,17 @@ class StepProfiler:
     def active(self) -> bool:
         return self._prof is not None
 
-    def start(self, directory: str, name: str, options: dict) -> None:
-        """Start recording; ``options``: `ProfileConfig`'s fields (as a dict)."""
+    def start(self, directory: str, name: str, settings) -> None:
+        """Start recording; ``settings``: a `verl_mp.config.profile.ProfileConfig`."""
         if self._prof is not None:
             raise RuntimeError("a profiling session is already open in this process")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities, record_shapes=options["record_shapes"],
-                                            with_stack=options["with_stack"])
+        self._prof = torch.profiler.profile(activities=activities, record_shapes=settings.record_shapes,
+                                            with_stack=settings.with_stack)
         self._prof.__enter__()
-        self._target = (Path(directory), name, options)
+        self._target = (Path(directory), name, settings)
 
     def stop(self) -> dict | None:
         """Stop and write the files; the phases summary (None when no session was open)."""
@@ -85,18 +82,18 @@ class StepProfiler:
             return None
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        prof, (directory, name, options) = self._prof, self._target
+        prof, (directory, name, settings) = self._prof, self._target
         prof.__exit__(None, None, None)
         self._prof = self._target = None
         directory.mkdir(parents=True, exist_ok=True)
         averages = prof.key_averages()
         on_device = torch.cuda.is_available()
         sort = "self_device_time_total" if on_device else "self_cpu_time_total"
-        (directory / f"{name}.txt").write_text(averages.table(sort_by=sort, row_limit=options["top"]) + "\n")
+        (directory / f"{name}.txt").write_text(averages.table(sort_by=sort, row_limit=settings.top) + "\n")
         summary = summarize(averages)
         (directory / f"{name}_phases.json").write_text(json.dumps(summary, indent=1) + "\n")
-        if options["trace"]:
-            _write_trace(prof, directory / f"{name}.trace.json.gz")
+        if settings.trace:
+            prof.export_chrome_trace(str(directory / f"{name}.trace.json.gz"))  # torch gzips a .gz path
         logger.info("profile written to %s/%s.*", directory, name)
         return summary
 
@@ -120,10 +117,3 @@ def summarize(averages) -> dict:
     return {"phases": phases, "device_ms_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
             "device_ms_total": sum(kinds.values())}
 
-
-def _write_trace(prof, path: Path) -> None:
-    plain = path.with_suffix("")  # .trace.json
-    prof.export_chrome_trace(str(plain))
-    with open(plain, "rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(plain)

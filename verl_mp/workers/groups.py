@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from verl_mp.config.profile import ProfileConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.plan import RunPlan
 from verl_mp.workers.protocol import ForwardRequest, ForwardResult, RLWorker, UpdateRequest
@@ -112,10 +113,10 @@ class WorkerGroups:
     def export_hf(self, directory: str) -> None:
         self._call(["actor"], RLWorker.export_hf, directory)
 
-    def start_profile(self, directory: str, options: dict) -> None:
+    def start_profile(self, directory: str, settings: ProfileConfig) -> None:
         """Open a profiling session on every group (`trainer.profile`; not counted as a round
         trip of the step: it is not part of the step's work)."""
-        self._everywhere(RLWorker.start_profile, directory, options)
+        self._everywhere(RLWorker.start_profile, directory, settings)
 
     def stop_profile(self) -> dict[str, dict | None]:
         """Close it; each group's rank-0 phases summary, by group name."""

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from verl_mp.config.profile import ProfileConfig
 from verl_mp.config.rollout import SamplingConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
@@ -99,7 +100,7 @@ class RLWorker(Protocol):
 
     def export_hf(self, directory: str) -> None: ...
 
-    def start_profile(self, directory: str, options: dict) -> None:
+    def start_profile(self, directory: str, settings: ProfileConfig) -> None:
         """Start torch.profiler in this process if its rank profiles (`trainer.profile`)."""
 
     def stop_profile(self) -> dict | None:

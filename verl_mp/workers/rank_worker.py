@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from verl_mp.config.profile import ProfileConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.plan import RunPlan
@@ -224,12 +225,11 @@ class RankWorker:
         metrics["timing/update_actor_s"] = time.perf_counter() - start
 
     # -- profiling ---------------------------------------------------------------------------------
-    def start_profile(self, directory: str, options: dict) -> None:
-        """Record this process's work until `stop_profile` if its rank is in
-        ``options["ranks"]`` (`verl_mp.config.profile.ProfileConfig` as a dict)."""
+    def start_profile(self, directory: str, settings: ProfileConfig) -> None:
+        """Record this process's work until `stop_profile` if its rank is in ``settings.ranks``."""
         rank = dist.get_rank()
-        if rank in options["ranks"]:
-            self.profiler.start(directory, f"{self.group}_rank{rank}", options)
+        if rank in settings.ranks:
+            self.profiler.start(directory, f"{self.group}_rank{rank}", settings)
 
     def stop_profile(self) -> dict | None:
         """Write what was recorded (`verl_mp.utils.profiling`); the phases summary, or None."""
