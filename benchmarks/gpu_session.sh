@@ -20,6 +20,8 @@
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
+#   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
+#                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
 #   transfer     : carry .whl only; 2 GPUs: the weight channel (actor rank 0 -> rollout rank, NCCL),
 #                  seconds per GB for 1.5B- and 7B-sized bf16 models, checked bit for bit.
@@ -203,6 +205,25 @@ run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2
   head -45 "$OUT/prof_train_top.txt" 2>/dev/null | cut -c1-160  # the train step's kernels by device time
 }
 
+run_mfu() {  # issue 14 item 2, carry .whl only: attention kernels, the engine's train step profiled, memory at its peak
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_kernels_layers.py \
+    tests/unit/test_kernels_logprob.py > "$OUT/kernel_tests.log" 2>&1; echo "kernel tests rc=$?"; tail -2 "$OUT/kernel_tests.log"
+  [ -n "${ATTENTION:-}" ] && CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/attention_kernels.py --out "$OUT/attention.json" 2>&1 | tail -5
+  CUDA_VISIBLE_DEVICES=0 timeout ${MFU_S:-300} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/train_mfu.py --variants "${VARIANTS:-4:none,4:none:noent,2:none}" --repeats 2 ${MFU_ARGS:---profile $OUT/prof_train --memory} \
+    --out "$OUT/train_mfu.json" > "$OUT/train_mfu.log" 2>&1
+  echo "train_mfu rc=$?"
+  grep -E '^[{]"memory' "$OUT/train_mfu.log" | cut -c1-1500
+  grep -E '^[{]"profile' "$OUT/train_mfu.log" | cut -c1-900
+  for f in "$OUT"/prof_train/*.txt; do [ -e "$f" ] && { echo "== $f"; head -32 "$f" | cut -c1-150; }; done
+  grep -vE "Warning|warn|^\[|^ " "$OUT/train_mfu.log" | tail -6
+}
+
 run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200
   setup_python
   local run=/tmp/demo_run  # the run directory stays here; only the small files are copied to $OUT
@@ -239,6 +260,7 @@ case "$phase" in
   offpolicy) run_offpolicy ;;
   moe) run_moe ;;
   profile) run_profile ;;
+  mfu) run_mfu ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 KERNEL_TESTS = [
     "test_kernels_gae.py",
     "test_kernels_group_adv.py",
+    "test_kernels_layers.py",
     "test_kernels_logprob.py",
     "test_models_engine_logprobs.py",
 ]

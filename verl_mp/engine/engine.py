@@ -57,7 +57,7 @@ class MegatronEngine:
         if config.remove_padding and self.backend == "local":
             raise ValueError("engine.remove_padding=True needs attention_backend 'sdpa' or 'te'")
         self.tf_config = model.transformer_config(
-            self.spec, config.parallel, config.dtype, moe=config.moe,
+            self.spec, config.parallel, config.dtype, moe=config.moe, swiglu_module=self.backend == "sdpa",
             **model.recompute_settings(config.recompute, config.recompute_modules, config.recompute_num_layers))
         chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend)
         self.moe = MoERuntime(self.spec, config.moe, self.tf_config, chunks, self.state) if self.spec.moe else None

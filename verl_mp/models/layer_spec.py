@@ -5,7 +5,9 @@ Backends (``EngineConfig.attention_backend``):
 - ``te``: megatron's transformer-engine spec (fused kernels, packed sequences, SP).
 - ``sdpa``: megatron's local linears with `SDPAttention` (torch
   ``scaled_dot_product_attention``; flash/efficient kernels on GPU, packed THD sequences
-  supported) and `RMSNorm` (supports sequence parallelism, HF-exact in bf16).
+  supported), `RMSNorm` (supports sequence parallelism, HF-exact in bf16) and, for dense
+  models, `verl_mp.kernels.layers.SwiGLU` as the MLP's activation; on CUDA the norm and the
+  activation are fused Triton ops (`verl_mp.kernels.layers`), elsewhere plain torch.
 - ``local``: megatron's stock local spec (unfused attention, torch norms; no packed
   sequences, no sequence parallelism). Kept as the reference the others are tested against.
 - ``auto``: ``te`` if transformer-engine imports, else ``sdpa``.
@@ -28,6 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from verl_mp.kernels.layers import SwiGLU, rms_norm
 from verl_mp.models.spec import GPTSpec
 
 logger = logging.getLogger(__name__)
@@ -68,10 +71,8 @@ class RMSNorm(torch.nn.Module):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., hidden]`` -> same shape and dtype."""
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        """``x [..., hidden]`` -> same shape and dtype (fused Triton op on CUDA: `kernels.layers`)."""
+        return rms_norm(x, self.weight, self.eps)
 
 
 class SDPAttention(torch.nn.Module):
@@ -183,8 +184,13 @@ def _own_attention_spec(spec: GPTSpec):
     )
 
 
-def _own_layer_spec(spec: GPTSpec, moe_layer: bool):
-    """One decoder layer of the ``sdpa`` backend; ``moe_layer``: the MoE MLP, else a dense one."""
+def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False):
+    """One decoder layer of the ``sdpa`` backend; ``moe_layer``: the MoE MLP, else a dense one.
+
+    ``swiglu_module`` (``config.use_te_activation_func``, see `verl_mp.engine.model`): the
+    dense MLP's activation is `verl_mp.kernels.layers.SwiGLU` (fused on CUDA) instead of
+    megatron's chunk-silu-multiply.
+    """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
@@ -195,7 +201,8 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool):
     )
 
     mlp = _moe_mlp_spec(spec) if moe_layer else ModuleSpec(
-        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+        module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear,
+                                             activation_func=SwiGLU if swiglu_module else None))
     attention = _own_attention_spec(spec)
     return ModuleSpec(
         module=TransformerLayer,
@@ -261,5 +268,6 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
                                         moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     layers = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
-    specs = [_own_layer_spec(spec, moe_layer=spec.moe is not None and spec.moe.is_moe_layer(i)) for i in layers]
+    specs = [_own_layer_spec(spec, moe_layer=spec.moe is not None and spec.moe.is_moe_layer(i),
+                             swiglu_module=config.use_te_activation_func) for i in layers]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)
