@@ -20,6 +20,8 @@
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
+#   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
+#                  1024 new tokens (rollout.sleep_level SLEEP_LEVEL, default 2), each phase's time, then vLLM alone.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -224,6 +226,28 @@ run_mfu() {  # issue 14 item 2, carry .whl only: attention kernels, the engine's
   grep -vE "Warning|warn|^\[|^ " "$OUT/train_mfu.log" | tail -6
 }
 
+run_breakdown() {  # issue 14 item 4, after `stash`, carry .gpu-vllm/part2 + .whl: a GRPO step of the 1.5B body
+  # (tiny vocabulary) at 256 prompts x 8 samples x 1024 new tokens, phase by phase (step 1 also checks the
+  # rollout-vs-trainer log-prob gap), then vLLM alone generating the same batch size
+  setup_python
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/bd_work SIZE=1.5b PROMPTS=256 N=8 MAX_NEW=1024 MICRO=16 STEPS=${STEPS:-2} GAP_FREQ=5 \
+    timeout ${GRPO_S:-330} bash benchmarks/gpu_grpo.sh "$OUT/breakdown" rollout.sleep_level=${SLEEP_LEVEL:-2} \
+    > "$OUT/breakdown.log" 2>&1
+  echo "breakdown rc=$?"; grep -E "run failed|Error|error:" "$OUT/breakdown.log" | tail -3 | cut -c1-400
+  cp "$OUT/breakdown/metrics.jsonl" "$OUT/breakdown_metrics.jsonl" 2>/dev/null
+  python3 benchmarks/grpo_table.py "$OUT/breakdown_metrics.jsonl" 2>/dev/null
+  CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-170} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
+    --prompts 256 --n 8 --max-new-tokens 1024 --repeats 1 --cases no_logprobs --warmup-prompts 32 \
+    --out "$OUT/breakdown_standalone.json" > "$OUT/breakdown_standalone.log" 2>&1
+  echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/breakdown_standalone.log" | tail -1
+  python3 - "$OUT/breakdown_metrics.jsonl" <<'PY'
+import json, sys
+for row in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
+    print({k: round(v, 4) for k, v in row.items() if isinstance(v, (int, float)) and k.split("/")[0] in
+           ("timing", "perf", "rollout") and ("sync" in k or k.startswith(("timing", "perf")))})
+PY
+}
+
 run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200
   setup_python
   local run=/tmp/demo_run  # the run directory stays here; only the small files are copied to $OUT
@@ -261,6 +285,7 @@ case "$phase" in
   moe) run_moe ;;
   profile) run_profile ;;
   mfu) run_mfu ;;
+  breakdown) run_breakdown ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

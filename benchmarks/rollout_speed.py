@@ -44,8 +44,8 @@ def prompts(num: int) -> list[list[int]]:
     return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
 
 
-def timed(fn, repeats: int) -> tuple[float, int]:
-    fn()  # warm-up
+def timed(fn, repeats: int, warmup=None) -> tuple[float, int]:
+    (warmup or fn)()  # warm-up (``warmup``: a smaller batch, when the full one takes minutes)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -65,13 +65,15 @@ def standalone(a) -> dict:
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(a.prompts)]
     out = {}
     for name, logprobs in (("no_logprobs", None), ("logprobs", 0)):
+        if name not in a.cases.split(","):
+            continue
         params = SamplingParams(n=a.n, temperature=1.0, max_tokens=a.max_new_tokens, logprobs=logprobs, seed=None)
 
-        def run(params=params):
-            outs = llm.generate(batch, params, use_tqdm=False)
+        def run(params=params, prompts=batch):
+            outs = llm.generate(prompts, params, use_tqdm=False)
             return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-        out[name] = timed(run, a.repeats)[0]
+        out[name] = timed(run, a.repeats, warmup=lambda run=run: run(prompts=batch[:a.warmup_prompts]))[0]
     return out
 
 
@@ -114,6 +116,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cases", default="no_logprobs,logprobs", help="standalone: which of no_logprobs,logprobs")
+    p.add_argument("--warmup-prompts", type=int, default=None, help="standalone: warm up on this many prompts (all)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
