@@ -1,20 +1,19 @@
-"""On one GPU (bf16, vocabulary 151936): the engine's log-probs, entropy and actor-loss
-gradients with ``VERL_MP_KERNELS=triton`` (the fused kernel) equal those of the torch path,
-and the kernel's train step needs less memory. Prints the time and peak memory of one
-actor train step for both (tests/dist/progs/engine_kernel.py ``--timing``).
+"""On one GPU (bf16, vocabulary 151936): the engine with ``VERL_MP_KERNELS=triton`` (the
+fused log-prob kernel, and the decoder layers' fused RMSNorm and SwiGLU) against the torch
+path, both measured against an fp32 engine on the same weights, and the kernel's train step
+needs less memory. Prints the time and peak memory of one actor train step for both
+(tests/dist/progs/engine_kernel.py ``--timing --fp32-reference``).
 
-Tolerances. Both paths read the same bf16 logits and compute in fp32, so log-probs and
-entropy differ only by fp32 summation order and exp rounding (expected ~1e-5; asserted
-<= 1e-3). Both round dL/dlogits to bf16 to nearest, so only values near a rounding tie
-land one bf16 ulp apart (on CPU, the kernel's torch twin against this torch path: 1e-4
-of the elements, relative L2 1.4e-6); that flows through the model's bf16 backward, so
-the parameter gradients (all of them, from the DDP grad buffer) are compared by relative
-L2 norm <= 1e-2 (measured 4.5e-3 on an H200: bf16's unit roundoff is 3.9e-3, and every
-one-ulp difference in dL/dlogits passes through the bf16 LM-head and layer backward),
-and the gradient norm to 1e-3. (Triton's CPU interpreter rounds fp32 ->
-bf16 toward zero instead, which alone gives ~1e-2: the reason this is a GPU test.) The op
-on a padded vocabulary (fp32 logits) must match fp64 to 1e-4, with exactly zero gradient
-on the padded ids.
+Tolerances. In bf16 the two paths round differently inside every layer (the fused ops round
+once, the torch ops after each step), so they are not compared with each other but with the
+fp32 engine: the kernel path's largest log-prob and entropy errors and its gradients'
+relative L2 error must be within 1.5x (+1e-3) of the torch path's. Measured on an H200
+(2026-12-02) before this comparison existed: the two bf16 paths differed by 0.10 in
+log-prob (max over 3174 tokens) and 1.7e-2 in gradient relative L2, where the log-prob op
+alone had differed by < 1e-3 (the layer ops were shared then). The fp32 CPU test
+(tests/dist/test_engine_kernel_tp.py) holds both paths to 1e-5 of each other. The op on a
+padded vocabulary (fp32 logits) must match fp64 to 1e-4, with exactly zero gradient on
+the padded ids.
 """
 
 import json
@@ -42,7 +41,7 @@ def results(tmp_path_factory):
                                   max_position_embeddings=4096)
     out = tmp / "res.json"
     launch_local(PROG, 1, ["--tp", 1, "--dtype", "bf16", "--batch", 8, "--seq", 512, "--micro-batch", 4,
-                           "--timing", "--model", model, "--out", out],
+                           "--timing", "--fp32-reference", "--model", model, "--out", out],
                  module=False, env=NCCL_ENV, timeout_s=300)
     res = json.loads(out.read_text())
     print(json.dumps(res))
@@ -60,15 +59,17 @@ def test_op_with_padded_vocab_matches_fp64(results):
         assert err["padded_grad_max"] == 0, (impl, err)
 
 
-def test_kernel_matches_torch_path(results):
-    diff, noise = results["triton_vs_torch"], results["torch_repeat"]
-    print(f"triton vs torch: {diff}\ntorch vs torch (rerun): {noise}")
-    assert diff["log_prob_diff"] <= 1e-3 and diff["entropy_diff"] <= 1e-3, diff
-    assert diff["grad_rel_l2"] <= 1e-2, diff
+def test_kernel_path_is_as_close_to_fp32_as_the_torch_path(results):
+    """Both bf16 paths against an fp32 engine on the same weights: the kernel path (fused
+    log-prob op, RMSNorm and SwiGLU, each rounding once) must be no further from it than the
+    torch path (rounding after every op), within a 1.5x margin."""
+    ref, diff = results["vs_fp32"], results["triton_vs_torch"]
+    print(f"vs fp32: {ref}\ntriton vs torch: {diff}\ntorch vs torch (rerun): {results['torch_repeat']}")
+    for key in ("log_prob_diff", "entropy_diff", "grad_rel_l2"):
+        assert ref["triton"][key] <= 1.5 * ref["torch"][key] + 1e-3, (key, ref)
+    assert results["torch_repeat"]["log_prob_diff"] == 0.0  # the paths are deterministic: differences are rounding
     torch_m, triton_m = results["torch_metrics"], results["triton_metrics"]
-    assert triton_m["pg_loss"] == pytest.approx(torch_m["pg_loss"], rel=1e-4, abs=1e-6)
-    assert triton_m["entropy"] == pytest.approx(torch_m["entropy"], rel=1e-4)
-    assert triton_m["grad_norm"] == pytest.approx(torch_m["grad_norm"], rel=1e-3)
+    assert triton_m["grad_norm"] == pytest.approx(torch_m["grad_norm"], rel=2e-2)
 
 
 def test_kernel_step_needs_less_memory(results):

@@ -42,11 +42,14 @@ def planned(overrides, gib=H200, preset="grpo", **options):
 
 def test_issue_21(body_1_5b):
     base = [f"model.path={body_1_5b}", *ISSUE_21]
-    # today's trainer keeps PyTorch's cached blocks: vLLM's wake-up at step 2 does not fit
-    _, _, kept = planned(base, cache_released=False)
+    # a trainer that keeps PyTorch's cached blocks: vLLM's wake-up at step 2 does not fit once the
+    # update's activations are large enough. Issue 21 hit this at micro-batch 16 with megatron's own
+    # SwiGLU and torch norms; the fused GPU layers (kernels.layers) save a quarter less, so micro-batch
+    # 16 now fits even then, and 32 is where the plan shows the failure.
+    _, _, kept = planned([*base, "actor.micro_batch_size=32"], cache_released=False)
     assert not kept.fits and [ph.name for ph in kept.over] == ["generate"]
-    # ... at micro-batch 4 it does (the issue's run completed 3 steps)
-    assert planned([*base, "actor.micro_batch_size=4"], cache_released=False)[2].fits
+    for micro in (4, 16):
+        assert planned([*base, f"actor.micro_batch_size={micro}"], cache_released=False)[2].fits
     # with the hand-off that releases them, the issue's configuration fits at 0.4 and 0.6
     for util in (0.4, 0.6):
         _, _, released = planned([*base, f"rollout.gpu_memory_utilization={util}"])

@@ -71,28 +71,33 @@ class EngineUse:
         tensors (bounded by what it would save for backward) or, on the last stage, the
         logits and the log-prob op, whichever is larger."""
         d, lay, tokens = self.dims, self.layout, self.micro.tokens
-        layer = mem.full_layer_bytes(d, self.p, lay.tp, lay.sp) * tokens
+        layer = mem.full_layer_bytes(d, self.p, lay.tp, lay.sp, fused=impl == "fused") * tokens
         head = 0.0
         if stage == lay.pp - 1:
             head = mem.logits_bytes_per_token(d, self.p, lay.tp, impl=impl, train=False) * tokens
         return int(max(layer, head))
 
-    def train_peak(self, stage: int, impl: str, entropy: bool = False) -> dict[str, int]:
-        """Bytes above the static state at the top of a train step: ``activations`` (saved
+    def train_peak(self, stage: int, impl: str, entropy: bool = False,
+                   fused_layers: bool | None = None) -> dict[str, int]:
+        """``impl``: ``fused`` (the GPU kernel path: fused log-prob op, RMSNorm and SwiGLU;
+        ``fused_layers=False`` for the log-prob kernel with torch layers) or ``torch``.
+
+        Bytes above the static state at the top of a train step: ``activations`` (saved
         by the stage's layers for all in-flight micro-batches, plus one recomputed layer
         under full recompute) and ``lm_head`` (last stage: logits, their gradient and the
         LM head's weight gradient, at the start of the backward of the last micro-batch)."""
         d, lay, p, mb = self.dims, self.layout, self.p, self.micro
+        fused = impl == "fused" if fused_layers is None else fused_layers
         per_mb = stage_layers(d, lay) * mem.layer_bytes_per_micro_batch(d, p, lay.tp, lay.sp, self.recompute,
-                                                                       mb.rows, mb.seq)
+                                                                       mb.rows, mb.seq, fused)
         per_mb += mem.pipeline_io_bytes_per_token(d, p, lay) * mb.tokens
         acts = mem.in_flight_micro_batches(lay, stage, self.train_micro_batches) * per_mb
         if self.recompute.granularity == "full":
-            acts += mem.full_layer_bytes(d, p, lay.tp, lay.sp) * mb.tokens
+            acts += mem.full_layer_bytes(d, p, lay.tp, lay.sp, fused) * mb.tokens
         head = 0.0
         if stage == lay.pp - 1:
             head = (mem.logits_bytes_per_token(d, p, lay.tp, impl=impl, train=True, entropy=entropy)
-                    + mem.final_norm_bytes_per_token(d, p, lay.tp, lay.sp)) * mb.tokens
+                    + mem.final_norm_bytes_per_token(d, p, lay.tp, lay.sp, fused)) * mb.tokens
             head += mem.lm_head_grad_bytes(d, p, lay.tp)
         return {"activations": int(acts), "lm_head": int(head)}
 

@@ -22,8 +22,12 @@ heads of size ``d`` and ``f`` the FFN size::
     p (a + 2g) d / t       fused QKV output (the V view that attention saves keeps it alive)
     p a d / t + p g d / t  Q and K after RoPE (saved by attention)
     p a d / t + 4a / t     attention output (= linear_proj's input) and its fp32 log-sum-exp
-    5 p f / t              SwiGLU: fc1 output (2f), silu(gate) (f), up (f), product (f)
-    (4 + p)(a + g) d / t   q/k RMSNorm (Qwen3 only)
+    4 p f / t              SwiGLU: fc1 output (2f), silu(gate) (f), product (f: fc2's input)
+    (4 + p)(a + g) d / t   q/k RMSNorm (Qwen3 only), + 4 (a + g) / t for its 1/rms
+
+The GPU kernel path (``fused``: `verl_mp.kernels.layers`, what ``VERL_MP_KERNELS`` / CUDA
+selects) saves less: each RMSNorm keeps its input (``p`` per element instead of ``4 + p``)
+and SwiGLU only the fc1 output (``3 p f / t`` with fc2's input).
 
 plus 4 p d per sequence position (RoPE cos/sin). ``t`` is the TP size; with sequence
 parallelism the first two lines are divided by ``t`` as well. Every term was checked by
@@ -116,38 +120,46 @@ def sharded_params(d: ModelDims, layout: Layout, stage: int, distributed_optimiz
     return (params - experts) // layout.dp + experts // layout.edp
 
 
-def layer_terms(d: ModelDims, p: int, tp: int, sp: bool) -> dict[str, float]:
-    """Bytes per token one layer saves for backward, by tensor group (see the module doc)."""
+def layer_terms(d: ModelDims, p: int, tp: int, sp: bool, fused: bool = False) -> dict[str, float]:
+    """Bytes per token one layer saves for backward, by tensor group (see the module doc);
+    ``fused``: the GPU kernel path (fused RMSNorm and SwiGLU)."""
     h, a, g, hd = d.hidden, d.heads, d.kv_heads, d.head_dim
     rep = tp if sp else 1
     terms = {
-        "norms": 2 * (4 * h + 4 + p * h) / rep,
+        "norms": 2 * (_norm_bytes(p, fused) * h + 4) / rep,
         "linear_inputs": 2 * p * h / rep,
         "qkv": p * (a + 2 * g) * hd / tp,
         "rope_qk": p * (a + g) * hd / tp,
         "attn_out": p * a * hd / tp,
         "lse": 4 * a / tp,
-        "mlp": _mlp_term(d, p, tp),
+        "mlp": _mlp_term(d, p, tp, fused),
     }
     if d.qk_norm:
-        terms["qk_norm"] = ((4 + p) * (a + g) * hd + 4 * (a + g)) / tp
+        terms["qk_norm"] = (_norm_bytes(p, fused) * (a + g) * hd + 4 * (a + g)) / tp
     return terms
 
 
-def _mlp_term(d: ModelDims, p: int, tp: int) -> float:
+def _norm_bytes(p: int, fused: bool) -> int:
+    """Per normalised element an RMSNorm saves (plus 4 per row for 1/rms): the fused op its
+    input; the torch path an fp32 copy and the normalised value."""
+    return p if fused else 4 + p
+
+
+def _mlp_term(d: ModelDims, p: int, tp: int, fused: bool = False) -> float:
     if d.moe is None:
-        return 5 * p * d.ffn / tp
+        return (3 if fused else 4) * p * d.ffn / tp
     # Uncalibrated first-order MoE term: each token through top_k experts (+ shared
     # expert) and fp32 router scores; dispatch buffers are not counted yet.
     m = d.moe
     return (m.top_k * 5 * p * m.ffn_hidden_size + 5 * p * m.shared_ffn_hidden_size) / tp + 4 * m.num_experts
 
 
-def layer_activation_bytes(d: ModelDims, p: int, tp: int, sp: bool, recompute: Recompute) -> float:
+def layer_activation_bytes(d: ModelDims, p: int, tp: int, sp: bool, recompute: Recompute,
+                           fused: bool = False) -> float:
     """Bytes per token one layer keeps between its forward and its backward."""
     if recompute.granularity == "full":
         return p * d.hidden / (tp if sp else 1)
-    terms = layer_terms(d, p, tp, sp)
+    terms = layer_terms(d, p, tp, sp, fused)
     if recompute.granularity == "selective":
         if "mlp" in recompute.modules:
             terms.pop("mlp")
@@ -157,18 +169,18 @@ def layer_activation_bytes(d: ModelDims, p: int, tp: int, sp: bool, recompute: R
 
 
 def layer_bytes_per_micro_batch(d: ModelDims, p: int, tp: int, sp: bool, recompute: Recompute,
-                                rows: float, seq: int) -> float:
+                                rows: float, seq: int, fused: bool = False) -> float:
     """What one layer saves for a micro-batch of ``rows`` x ``seq`` tokens (RoPE's cos/sin
     included, except under full recompute, where the layer keeps only its input)."""
-    saved = layer_activation_bytes(d, p, tp, sp, recompute) * rows * seq
+    saved = layer_activation_bytes(d, p, tp, sp, recompute, fused) * rows * seq
     if recompute.granularity != "full":
         saved += rope_bytes_per_position(d, p) * seq
     return saved
 
 
-def full_layer_bytes(d: ModelDims, p: int, tp: int, sp: bool) -> float:
+def full_layer_bytes(d: ModelDims, p: int, tp: int, sp: bool, fused: bool = False) -> float:
     """Bytes per token of one layer without recompute (also the forward-only transient)."""
-    return sum(layer_terms(d, p, tp, sp).values())
+    return sum(layer_terms(d, p, tp, sp, fused).values())
 
 
 def rope_bytes_per_position(d: ModelDims, p: int) -> int:
@@ -176,9 +188,9 @@ def rope_bytes_per_position(d: ModelDims, p: int) -> int:
     return 4 * p * d.head_dim
 
 
-def final_norm_bytes_per_token(d: ModelDims, p: int, tp: int, sp: bool) -> float:
+def final_norm_bytes_per_token(d: ModelDims, p: int, tp: int, sp: bool, fused: bool = False) -> float:
     """Final RMSNorm saved tensors plus the LM head's input."""
-    return (4 * d.hidden + 4 + 2 * p * d.hidden) / (tp if sp else 1)
+    return (_norm_bytes(p, fused) * d.hidden + 4 + p * d.hidden) / (tp if sp else 1)
 
 
 def logits_bytes_per_token(d: ModelDims, p: int, tp: int, *, impl: str, train: bool,

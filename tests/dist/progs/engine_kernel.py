@@ -11,12 +11,17 @@ and tests/gpu/test_engine_kernel_gpu.py (one GPU, bf16, large vocabulary, ``--ti
    entropy loss, once per implementation (``VERL_MP_KERNELS``), then once more with torch
    (the run-to-run noise floor). Recorded: the largest differences over all ranks, the
    gradient norms, and with ``--timing`` the time and peak memory of one train step.
+   ``VERL_MP_KERNELS`` switches every kernel the engine uses: the log-prob op and the
+   decoder layers' RMSNorm and SwiGLU (`verl_mp.kernels.layers`).
+3. With ``--fp32-reference``: the same weights in an fp32 engine, and each path's distance
+   to it (in bf16 the two paths round differently inside every layer).
 """
 
 import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -131,6 +136,8 @@ def main():
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--timing", action="store_true", help="warm up, then time one train step per impl")
+    p.add_argument("--fp32-reference", action="store_true",
+                   help="also run an fp32 engine on the same weights: each path's distance to it (vs_fp32)")
     a = p.parse_args()
     cfg = EngineConfig(model_path=a.model, role="actor", dtype=a.dtype, micro_batch_size=a.micro_batch,
                        parallel=ParallelConfig(tensor_model_parallel_size=a.tp), attention_backend="sdpa",
@@ -154,6 +161,12 @@ def main():
         torch_repeat=compare(repeat, runs["torch"], has_next),
         **{f"{impl}_{k}": r[k] for impl, r in runs.items() for k in ("metrics", "step_s", "peak_bytes")},
     )
+    if a.fp32_reference:  # the same weights in an fp32 engine: how far each bf16 path is from it
+        del engine
+        ref_engine = MegatronEngine(replace(cfg, dtype="fp32"))
+        ref_engine.load_hf()
+        ref = run(ref_engine, batch, "torch", timing=False)
+        res["vs_fp32"] = {impl: compare(r, ref, has_next) for impl, r in runs.items()}
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps(res))
     dist.barrier()

@@ -1,7 +1,8 @@
 """Bytes that one megatron transformer layer (the engine's sdpa layer spec) saves for
 backward, counted by autograd's saved-tensor hooks, for tests/dist/test_planner_activations.py.
 
-For each case (TP, SP, dtype, recompute, q/k norm) a GPTModel chunk with 1 and with 2
+For each case (TP, SP, dtype, recompute, q/k norm, kernels: the torch ops or the fused
+Triton ones of the GPU path, ``VERL_MP_KERNELS``) a GPTModel chunk with 1 and with 2
 layers runs one training-mode forward; the difference of the distinct storages saved
 (parameters excluded) is one layer's share. With ``--grads`` the fp32 cases also run a
 backward and report how far the gradients are from the same model without recompute.
@@ -9,6 +10,7 @@ backward and report how far the gradients are from the same model without recomp
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine import model as engine_model
 from verl_mp.engine.runtime import initialize_parallel
+from verl_mp.kernels import ENV_VAR
 from verl_mp.models.spec import GPTSpec
 
 SHAPE = dict(hidden_size=256, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=704, vocab_size=1000,
@@ -32,6 +35,10 @@ CASES = {
     "tp2": dict(tp=2),
     "tp2_sp": dict(tp=2, sp=True),
     "tp2_sp_full": dict(tp=2, sp=True, recompute="full"),
+    # the GPU kernel path (VERL_MP_KERNELS=triton; here Triton's CPU interpreter): fused RMSNorm and SwiGLU
+    "tp1_kernels": dict(tp=1, kernels="triton"),
+    "tp2_sp_kernels": dict(tp=2, sp=True, kernels="triton"),
+    "tp1_qk_norm_kernels": dict(tp=1, qk_norm=True, kernels="triton"),
 }
 
 
@@ -41,7 +48,8 @@ def build(case: dict, num_layers: int, dtype: str):
     state = initialize_parallel(parallel)
     torch.manual_seed(0)
     recompute = engine_model.recompute_settings(case.get("recompute") or "none", case.get("modules", ["mlp"]))
-    config = engine_model.transformer_config(spec, parallel, dtype, **recompute)
+    # as MegatronEngine builds it for the sdpa backend (the MLP's activation is the SwiGLU module)
+    config = engine_model.transformer_config(spec, parallel, dtype, swiglu_module=True, **recompute)
     chunk = engine_model.build_gpt_chunks(spec, config, state, backend="sdpa")[0]
     chunk.train()
     return chunk
@@ -84,7 +92,9 @@ def main():
     res = {"rows": ROWS, "seq": SEQ, "shape": SHAPE, "layer_bytes": {}, "grad_rel_diff": {}}
     for name, case in CASES.items():
         dtype = case.get("dtype", "bf16")
+        os.environ[ENV_VAR] = case.get("kernels", "torch")
         res["layer_bytes"][name] = saved_bytes(build(case, 2, dtype)) - saved_bytes(build(case, 1, dtype))
+    os.environ[ENV_VAR] = "torch"
     reference = grads(dict(tp=1))
     for name in ("tp1_selective_mlp", "tp1_full"):
         other = grads(CASES[name])
