@@ -8,7 +8,8 @@
 # (hidden 1024, 16 layers, 16/4 heads, 32 experts of 512, top-4: 0.87B parameters, 0.15B active;
 # needs the vLLM kit built with KEEP_MOE=1); Megatron EP = NPROC (pass actor.megatron.* to change it).
 # Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
-#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir); extra key=value arguments are passed on.
+#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir) MAX_TOKENS=(unset: MICRO rows per micro-batch);
+#   extra key=value arguments are passed on.
 # Usage: bash benchmarks/gpu_grpo.sh OUT_DIR [key=value ...]   (PYTHONPATH with verl_mp, vLLM)
 set -euo pipefail
 out=${1:?usage: gpu_grpo.sh OUT_DIR [key=value ...]}
@@ -34,6 +35,8 @@ else:
 PY
 moe_args=()
 [ "$size" = moe ] && moe_args=(actor.megatron.expert_model_parallel_size="$nproc")
+# MAX_TOKENS: token-budget micro-batches (rows sorted by length) instead of MICRO rows each
+[ -n "${MAX_TOKENS:-}" ] && moe_args+=(actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS")
 python3 -m verl_mp train --config-name grpo \
   model.path="$work/model" model.dtype="${DTYPE:-bf16}" \
   "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]" \

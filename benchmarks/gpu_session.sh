@@ -230,7 +230,9 @@ run_breakdown() {  # issue 14 item 4, after `stash`, carry .gpu-vllm/part2 + .wh
   # (tiny vocabulary) at 256 prompts x 8 samples x 1024 new tokens, phase by phase (step 1 also checks the
   # rollout-vs-trainer log-prob gap), then vLLM alone generating the same batch size
   setup_python
+  # MAX_TOKENS (default 18432 = 16 x 1152): token-budget micro-batches; "" for 16 rows each (2.8x padding here)
   CUDA_VISIBLE_DEVICES=0 WORK=/tmp/bd_work SIZE=1.5b PROMPTS=256 N=8 MAX_NEW=1024 MICRO=16 STEPS=${STEPS:-2} GAP_FREQ=${GAP_FREQ:-5} \
+    MAX_TOKENS=${MAX_TOKENS-18432} \
     timeout ${GRPO_S:-330} bash benchmarks/gpu_grpo.sh "$OUT/breakdown" rollout.sleep_level=${SLEEP_LEVEL:-2} \
     > "$OUT/breakdown.log" 2>&1
   echo "breakdown rc=$?"; grep -E "run failed|Error|error:" "$OUT/breakdown.log" | tail -3 | cut -c1-400

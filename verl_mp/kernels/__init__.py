@@ -7,6 +7,8 @@ reference and a switch between the two (`dispatch.select_impl`: ``impl=`` argume
   ragged groups (reference `verl_mp.algo.group_outcome_torch`).
 - `logprob_loss.vocab_parallel_log_probs`: log-probs and entropy from TP-sharded logits
   with a streaming forward and a fused backward (torch reference inside).
+- `layers.rms_norm`, `layers.swiglu`: the decoder layer's RMSNorm and SwiGLU in one pass
+  each way, saving less for backward (references `rms_norm_torch`, `swiglu_torch`).
 
 Importing this package does not import triton; kernels compile on first use.
 """
