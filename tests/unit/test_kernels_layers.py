@@ -118,3 +118,21 @@ def test_swiglu_module_and_bad_input():
             rms_norm(x, torch.ones(5, device=DEVICE), 1e-6, impl="triton")
         with pytest.raises(ValueError, match="swiglu x has dtype"):
             swiglu(torch.ones(4, 6, dtype=torch.float64, device=DEVICE), impl="triton")
+
+
+def test_engine_uses_the_swiglu_module_for_dense_models_only():
+    """The sdpa layer spec's dense MLP applies `SwiGLU` (megatron's ``use_te_activation_func``
+    switch); MoE models keep megatron's own activation, since their experts share the config
+    but not the spec."""
+    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.engine.model import transformer_config
+    from verl_mp.models.spec import GPTSpec, MoESpec
+
+    dense = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
+                    vocab_size=100)
+    moe = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
+                  vocab_size=100, moe=MoESpec(num_experts=4, top_k=2, ffn_hidden_size=32))
+    parallel = ParallelConfig()
+    assert transformer_config(dense, parallel, swiglu_module=True).use_te_activation_func
+    assert not transformer_config(dense, parallel).use_te_activation_func
+    assert not transformer_config(moe, parallel, swiglu_module=True).use_te_activation_func
