@@ -36,8 +36,7 @@ class Measurement:
     seq: int
     micro_batch: int
     impl: str = "fused"
-    fused_layers: bool = True
-    """The decoder layers' fused RMSNorm/SwiGLU (the GPU kernel path); False: their torch ops."""
+    """The kernel path: ``fused`` (log-prob op, RMSNorm and SwiGLU in Triton) or ``torch``."""
     recompute: mem.Recompute = mem.Recompute()
     dtype: str = "bf16"
     measured_gib: float | None
@@ -71,13 +70,13 @@ def planned_peak(m: Measurement, dims: ModelDims | None = None) -> int:
     layout = Layout()
     engine = EngineUse(role="actor", dims=dims, layout=layout, dtype=m.dtype, micro=micro,
                        train_micro_batches=train_micro_batches(m.rows, layout.dp, micro), recompute=m.recompute)
-    return engine.state(0).total + sum(engine.train_peak(0, m.impl, fused_layers=m.fused_layers).values())
+    return engine.state(0).total + sum(engine.train_peak(0, m.impl).values())
 
 
 def table() -> str:
     """Markdown rows: measured vs planned and the relative error."""
-    lines = ["| shape | batch | micro-batch | log-prob op | norm/SwiGLU | recompute | measured GiB | planned GiB | error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | batch | micro-batch | kernels | recompute | measured GiB | planned GiB | error |",
+             "|---|---|---|---|---|---|---|---|"]
     for m in MEASUREMENTS:
         planned = planned_peak(m) / GIB
         if m.measured_gib is None:
@@ -85,7 +84,6 @@ def table() -> str:
         else:
             measured, err = f"{m.measured_gib}", f"{(planned - m.measured_gib) / m.measured_gib:+.1%}"
         lines.append(f"| {m.shape} | {m.rows} x {m.seq} | {m.micro_batch} | {m.impl} | "
-                     f"{'fused' if m.fused_layers else 'torch'} | "
                      f"{m.recompute.granularity or 'none'} | {measured} | {planned:.1f} | {err} |")
     return "\n".join(lines)
 

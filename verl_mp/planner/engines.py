@@ -77,17 +77,16 @@ class EngineUse:
             head = mem.logits_bytes_per_token(d, self.p, lay.tp, impl=impl, train=False) * tokens
         return int(max(layer, head))
 
-    def train_peak(self, stage: int, impl: str, entropy: bool = False,
-                   fused_layers: bool | None = None) -> dict[str, int]:
-        """``impl``: ``fused`` (the GPU kernel path: fused log-prob op, RMSNorm and SwiGLU;
-        ``fused_layers=False`` for the log-prob kernel with torch layers) or ``torch``.
+    def train_peak(self, stage: int, impl: str, entropy: bool = False) -> dict[str, int]:
+        """``impl``: ``fused`` (the GPU kernel path: fused log-prob op, RMSNorm and SwiGLU) or
+        ``torch``.
 
         Bytes above the static state at the top of a train step: ``activations`` (saved
         by the stage's layers for all in-flight micro-batches, plus one recomputed layer
         under full recompute) and ``lm_head`` (last stage: logits, their gradient and the
         LM head's weight gradient, at the start of the backward of the last micro-batch)."""
         d, lay, p, mb = self.dims, self.layout, self.p, self.micro
-        fused = impl == "fused" if fused_layers is None else fused_layers
+        fused = impl == "fused"
         per_mb = stage_layers(d, lay) * mem.layer_bytes_per_micro_batch(d, p, lay.tp, lay.sp, self.recompute,
                                                                        mb.rows, mb.seq, fused)
         per_mb += mem.pipeline_io_bytes_per_token(d, p, lay) * mb.tokens
