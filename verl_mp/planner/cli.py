@@ -27,8 +27,8 @@ def add_subcommands(subparsers) -> None:
     p.add_argument("--gpu-memory-gib", type=float, default=80.0,
                    help="memory of one GPU in GiB (H100 80GB: 79.6, H200: 140.4; default 80)")
     p.add_argument("--logprob-impl", choices=("fused", "torch"), default="fused",
-                   help="log-prob op of the LM head: the fused Triton kernel (default on CUDA) or the "
-                        "torch path (VERL_MP_KERNELS=torch)")
+                   help="the engine's kernels: the fused Triton ones (default on CUDA: the LM head's "
+                        "log-prob op, RMSNorm, SwiGLU) or the torch path (VERL_MP_KERNELS=torch)")
     p.add_argument("--keep-cache", action="store_true",
                    help="model a trainer that never releases PyTorch's cached blocks between phases "
                         "(the cause of issue 21's out-of-memory at vLLM wake-up)")

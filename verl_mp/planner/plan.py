@@ -56,8 +56,8 @@ class PlanOptions:
     gpu_memory_gib: float = 80.0
     """Memory of one GPU (GiB as the driver reports it: H100 80 GB ~ 79.6, H200 ~ 140.4)."""
     logprob_impl: str = "fused"
-    """``fused`` (the Triton kernel: the engine's default on CUDA) or ``torch``
-    (``VERL_MP_KERNELS=torch``)."""
+    """``fused`` (the Triton kernels, the engine's default on CUDA: the log-prob op and the
+    layers' RMSNorm and SwiGLU) or ``torch`` (``VERL_MP_KERNELS=torch``)."""
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES
     cache_released: bool = True
     """PyTorch's cached blocks are released before vLLM wakes (issue 21's hand-off); False
