@@ -64,7 +64,9 @@ def _warps(block: int) -> int:
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
-        from verl_mp.kernels._layers_triton import rmsnorm_fwd_kernel  # lazy: reads TRITON_INTERPRET
+        from verl_mp.kernels._layers_triton import (
+            rmsnorm_fwd_kernel,  # lazy: reads TRITON_INTERPRET
+        )
 
         hidden = x.shape[-1]
         x2 = _rows(x)
