@@ -120,19 +120,26 @@ def test_swiglu_module_and_bad_input():
             swiglu(torch.ones(4, 6, dtype=torch.float64, device=DEVICE), impl="triton")
 
 
-def test_engine_uses_the_swiglu_module_for_dense_models_only():
-    """The sdpa layer spec's dense MLP applies `SwiGLU` (megatron's ``use_te_activation_func``
-    switch); MoE models keep megatron's own activation, since their experts share the config
-    but not the spec."""
+def test_engine_switches_every_mlp_to_the_swiglu_module():
+    """The sdpa layer spec gives every MLP (dense, routed experts, shared expert) the `SwiGLU`
+    module, which megatron applies under ``use_te_activation_func``: the config switch and
+    the spec go together."""
     from verl_mp.config.parallel import ParallelConfig
     from verl_mp.engine.model import transformer_config
+    from verl_mp.models.layer_spec import _moe_mlp_spec, _own_layer_spec
     from verl_mp.models.spec import GPTSpec, MoESpec
 
-    dense = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
-                    vocab_size=100)
-    moe = GPTSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
-                  vocab_size=100, moe=MoESpec(num_experts=4, top_k=2, ffn_hidden_size=32))
+    shape = dict(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=96,
+                 vocab_size=100)
+    dense = GPTSpec(**shape)
+    moe = GPTSpec(**shape, moe=MoESpec(num_experts=4, top_k=2, ffn_hidden_size=32, shared_expert_ffn_hidden_size=48))
     parallel = ParallelConfig()
     assert transformer_config(dense, parallel, swiglu_module=True).use_te_activation_func
+    assert transformer_config(moe, parallel, swiglu_module=True).use_te_activation_func
     assert not transformer_config(dense, parallel).use_te_activation_func
-    assert not transformer_config(moe, parallel, swiglu_module=True).use_te_activation_func
+    assert _own_layer_spec(dense, moe_layer=False, swiglu_module=True).submodules.mlp.submodules.activation_func \
+        is SwiGLU
+    moe_spec = _moe_mlp_spec(moe, swiglu_module=True).submodules
+    assert moe_spec.experts.submodules.activation_func is SwiGLU
+    assert moe_spec.shared_experts.submodules.activation_func is SwiGLU
+    assert _moe_mlp_spec(moe).submodules.experts.submodules.activation_func is None

@@ -30,10 +30,10 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
     """The megatron TransformerConfig for ``spec`` under ``parallel`` (``moe``: router settings
     of a mixture-of-experts model, defaults when None).
 
-    ``swiglu_module`` (the ``sdpa`` layer spec): a dense gated model's MLP applies the spec's
-    activation module (`verl_mp.kernels.layers.SwiGLU`) to the whole fc1 output, which
-    megatron does under ``use_te_activation_func`` (its name; no transformer-engine needed).
-    MoE models keep megatron's own activation: their experts' MLPs share this config.
+    ``swiglu_module`` (the ``sdpa`` layer spec): a gated model's MLPs (dense, routed and shared
+    experts) apply the spec's activation module (`verl_mp.kernels.layers.SwiGLU`) to the whole
+    fc1 output, which megatron does under ``use_te_activation_func`` (its name; no
+    transformer-engine needed). The spec must then give every MLP that module.
 
     Fusions that need apex/transformer-engine kernels are off; the model math is the
     same as with them (they fuse, they do not approximate).
@@ -90,7 +90,7 @@ def transformer_config(spec: GPTSpec, parallel: ParallelConfig, dtype: str = "fp
         # Losses arrive already normalised by global token/sequence counts (algo.agg_loss),
         # so micro-batch and data-parallel contributions must be summed, not averaged.
         calculate_per_token_loss=True,
-        use_te_activation_func=swiglu_module and spec.moe is None and spec.gated_linear_unit,
+        use_te_activation_func=swiglu_module and spec.gated_linear_unit,
     )
     kwargs.update(moe_kwargs)
     kwargs.update(mla_config_kwargs(spec))

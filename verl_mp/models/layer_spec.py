@@ -5,9 +5,10 @@ Backends (``EngineConfig.attention_backend``):
 - ``te``: megatron's transformer-engine spec (fused kernels, packed sequences, SP).
 - ``sdpa``: megatron's local linears with `SDPAttention` (torch
   ``scaled_dot_product_attention``; flash/efficient kernels on GPU, packed THD sequences
-  supported), `RMSNorm` (supports sequence parallelism, HF-exact in bf16) and, for dense
-  models, `verl_mp.kernels.layers.SwiGLU` as the MLP's activation; on CUDA the norm and the
-  activation are fused Triton ops (`verl_mp.kernels.layers`), elsewhere plain torch.
+  supported), `RMSNorm` (supports sequence parallelism, HF-exact in bf16) and
+  `verl_mp.kernels.layers.SwiGLU` as the activation of every MLP (dense, routed and shared
+  experts); on CUDA the norm and the activation are fused Triton ops
+  (`verl_mp.kernels.layers`), elsewhere plain torch.
 - ``local``: megatron's stock local spec (unfused attention, torch norms; no packed
   sequences, no sequence parallelism). Kept as the reference the others are tested against.
 - ``auto``: ``te`` if transformer-engine imports, else ``sdpa``.
@@ -188,8 +189,8 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False)
     """One decoder layer of the ``sdpa`` backend; ``moe_layer``: the MoE MLP, else a dense one.
 
     ``swiglu_module`` (``config.use_te_activation_func``, see `verl_mp.engine.model`): the
-    dense MLP's activation is `verl_mp.kernels.layers.SwiGLU` (fused on CUDA) instead of
-    megatron's chunk-silu-multiply.
+    MLP's activation (every expert's in a MoE layer) is `verl_mp.kernels.layers.SwiGLU` (fused
+    on CUDA) instead of megatron's chunk-silu-multiply.
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -200,7 +201,7 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False)
         TransformerLayerSubmodules,
     )
 
-    mlp = _moe_mlp_spec(spec) if moe_layer else ModuleSpec(
+    mlp = _moe_mlp_spec(spec, swiglu_module) if moe_layer else ModuleSpec(
         module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear,
                                              activation_func=SwiGLU if swiglu_module else None))
     attention = _own_attention_spec(spec)
@@ -220,14 +221,19 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False)
     )
 
 
-def _moe_mlp_spec(spec: GPTSpec):
+def _moe_mlp_spec(spec: GPTSpec, swiglu_module: bool = False):
     """megatron's MoELayer with local linears: TopKRouter, SequentialMLP experts (one MLP per
-    local expert, no grouped GEMM), and a SharedExpertMLP when the model has one."""
+    local expert, no grouped GEMM), and a SharedExpertMLP when the model has one; with
+    ``swiglu_module`` every expert's (and the shared expert's) activation is `SwiGLU`."""
     from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
 
-    return get_moe_module_spec_for_backend(LocalSpecProvider(), num_experts=spec.moe.num_experts,
-                                           moe_grouped_gemm=False)
+    class SwiGLUSpecProvider(LocalSpecProvider):
+        def activation_func(self):
+            return SwiGLU
+
+    provider = SwiGLUSpecProvider() if swiglu_module else LocalSpecProvider()
+    return get_moe_module_spec_for_backend(provider, num_experts=spec.moe.num_experts, moe_grouped_gemm=False)
 
 
 def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None):
