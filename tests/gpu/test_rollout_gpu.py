@@ -51,6 +51,22 @@ def test_colocated_sync_bf16(model_dir, tmp_path, tp, pp, rtp):
     assert r["sync_mode"] == "local" and r["local_vs_loader_max_abs_diff"] == 0.0, r
 
 
+def test_colocated_sync_after_sleep_level_2(model_dir, tmp_path):
+    """``rollout.sleep_level=2``: vLLM drops its weights while Megatron trains (nothing is copied
+    to the CPU and back) and the sync must rewrite every one of them. Caught if not: the
+    snapshot of vLLM's parameters after the local sync must equal what vLLM's own loader
+    builds, and the log-probs must agree."""
+    out = tmp_path / "r.json"
+    launch_local(PROG, 1, ["--model", model_dir, "--dtype", "bf16", "--bucket-mb", 64, "--sync-mode", "local",
+                           "--sleep-level", 2, "--out", out], module=True,
+                 timeout_s=500, env={**ENV, **{k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "VLLM"))}})
+    r = json.loads(out.read_text())
+    print(json.dumps(r))
+    assert r["after_gap"] <= BF16_MAX and r["mean_gap_after"] <= BF16_MEAN, r
+    assert r["changed"] > 5 * r["mean_gap_after"], r
+    assert r["local_vs_loader_max_abs_diff"] == 0.0, r
+
+
 MOE_LAYOUTS = [  # (TP, EP, expert-TP, vLLM expert parallelism): training layout == vLLM's expert layout
     (1, 1, 1, False),  # one GPU: every expert whole on both sides
     (2, 2, 1, True),  # two GPUs: each rank copies its 2 of 4 experts into vLLM's expert-parallel slots

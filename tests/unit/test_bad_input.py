@@ -33,6 +33,7 @@ CONFIG_CASES = [
     ("unknown KL estimator", "grpo", ["actor.kl_loss_type=k9"], r"actor.kl_loss_type='k9': unknown KL estimator"),
     ("unknown launcher", "grpo", ["trainer.launcher=mpi"], r"trainer.launcher='mpi' is not one of"),
     ("more ranks than the machine", "grpo", ["trainer.nproc=64"], r"trainer.nproc=64 asks for more ranks"),
+    ("bad sleep level", "grpo", ["rollout.sleep_level=3"], r"rollout.sleep_level=3 must be 1 \(offload the weights"),
     ("unknown sync mode", "grpo", ["rollout.weight_sync_mode=fast"], r"rollout.weight_sync_mode='fast' is not one of \('auto', 'gather', 'local'\)"),
     ("local sync without vLLM", "grpo", ["rollout.backend=hf", "rollout.weight_sync_mode=local"], r"weight_sync_mode=local needs rollout.backend=vllm"),
     ("fp16 training", "grpo", ["model.dtype=fp16"], r"model.dtype='fp16' is not one of \('fp32', 'bf16'\) \(fp16 training overflows"),

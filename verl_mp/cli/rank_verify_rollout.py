@@ -72,6 +72,8 @@ def main():
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--rollout-ep", action="store_true", help="vLLM expert parallelism (rollout.expert_parallel)")
     p.add_argument("--bucket-mb", type=int, default=256)
+    p.add_argument("--sleep-level", type=int, default=1, choices=(1, 2),
+                   help="rollout.sleep_level while the engine trains (2: vLLM drops its weights; the sync rewrites them)")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                    help="rollout.weight_sync_mode (local: rank-local shards, needs rollout TP == TP)")
@@ -95,7 +97,8 @@ def main():
                                          dtype=a.dtype, optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
     engine.load_hf()
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128,
-                                        dtype=a.dtype, gpu_memory_utilization=0.3, expert_parallel=a.rollout_ep),
+                                        dtype=a.dtype, gpu_memory_utilization=0.3, expert_parallel=a.rollout_ep,
+                                        sleep_level=a.sleep_level),
                           a.model, engine.spec.num_query_groups, moe=moe)
     sync = make_weight_sync(engine.spec, engine.chunks, engine.state, a.bucket_mb, a.sync_mode, rollout)
     g = torch.Generator().manual_seed(0)

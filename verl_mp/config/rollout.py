@@ -72,7 +72,8 @@ class RolloutConfig:
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""
     sleep_level: int = 1
-    """vLLM sleep level while training (1: offload weights, drop KV cache). GPU only."""
+    """vLLM sleep level while training (1: offload weights, drop KV cache; 2: drop both, the
+    weight sync rewrites the weights: no copy to the CPU and back). GPU only."""
     expert_parallel: bool = False
     """Mixture-of-experts models: vLLM's expert parallelism (``enable_expert_parallel``): each
     rank holds whole experts, ``num_experts / (TP x DP)`` of them, instead of every expert
@@ -120,6 +121,9 @@ class RolloutConfig:
             raise ValueError(f"rollout.routing_capture={self.routing_capture!r} is not one of {ROUTING_CAPTURE}")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level={self.sleep_level} must be 1 (offload the weights to the CPU) "
+                             "or 2 (drop them; the weight sync rewrites them)")
 
 
 def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: int) -> int:
