@@ -22,6 +22,8 @@
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
 #                  1024 new tokens (rollout.sleep_level SLEEP_LEVEL, default 2), each phase's time, then vLLM alone.
+#   validate     : after `stash`, carry .gpu-vllm/part2 + .whl: the GPU kernel test (both bf16 paths vs an fp32
+#                  engine) and the colocated sync tests incl. rollout.sleep_level=2.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -250,6 +252,18 @@ for row in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
 PY
 }
 
+run_validate() {  # after `stash`, carry .gpu-vllm/part2 + .whl: the GPU checks written without a GPU
+  # (2026-12-02): both bf16 kernel paths against an fp32 engine, the layer kernels, and the colocated
+  # sync after rollout.sleep_level=2 (vLLM drops its weights; the sync must rewrite every one)
+  setup_python
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_engine_kernel_gpu.py \
+    > "$OUT/validate_kernel.log" 2>&1; echo "kernel GPU test rc=$?"
+  grep -E "vs fp32|triton vs|passed|failed|Error" "$OUT/validate_kernel.log" | cut -c1-500 | tail -6
+  CUDA_VISIBLE_DEVICES=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_rollout_gpu.py \
+    -k "sleep_level_2 or tp1pp1" > "$OUT/validate_rollout.log" 2>&1; echo "rollout GPU tests rc=$?"
+  grep -E "^[{]|passed|failed|Error" "$OUT/validate_rollout.log" | cut -c1-500 | tail -6
+}
+
 run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200
   setup_python
   local run=/tmp/demo_run  # the run directory stays here; only the small files are copied to $OUT
@@ -288,6 +302,7 @@ case "$phase" in
   profile) run_profile ;;
   mfu) run_mfu ;;
   breakdown) run_breakdown ;;
+  validate) run_validate ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
