@@ -1,7 +1,9 @@
 """Two gloo ranks at TP=2, padded vocabulary, temperature 0.7 (tests/dist/progs/engine_kernel.py):
 the engine's log-prob op with either implementation (torch, or the fused Triton kernel in the
 CPU interpreter) matches fp64 log_softmax incl. the gradient of log-prob + entropy terms, and
-the engine's log-probs, entropy and actor-loss gradients are the same with both."""
+the engine's log-probs, entropy and actor-loss gradients are the same with both (the switch
+also covers the decoder layers' RMSNorm and SwiGLU; the norm weights' gradients are compared
+on their own as well)."""
 
 import json
 from pathlib import Path
@@ -39,6 +41,7 @@ def test_kernel_path_matches_torch_at_tp2(tmp_path):
     diff = res["triton_vs_torch"]
     assert diff["log_prob_diff"] <= 1e-5 and diff["entropy_diff"] <= 1e-5, diff
     assert diff["grad_rel_l2"] <= 1e-5, diff
+    assert diff["norm_grad_rel_l2"] <= 1e-5, diff  # the fused RMSNorm's dw, on its own
     torch_m, triton_m = res["torch_metrics"], res["triton_metrics"]
     for key in ("pg_loss", "entropy", "grad_norm"):
         assert triton_m[key] == pytest.approx(torch_m[key], rel=1e-5, abs=1e-7), key

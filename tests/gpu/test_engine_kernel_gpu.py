@@ -6,8 +6,9 @@ needs less memory. Prints the time and peak memory of one actor train step for b
 
 Tolerances. In bf16 the two paths round differently inside every layer (the fused ops round
 once, the torch ops after each step), so they are not compared with each other but with the
-fp32 engine: the kernel path's largest log-prob and entropy errors and its gradients'
-relative L2 error must be within 1.5x (+1e-3) of the torch path's. Measured on an H200
+fp32 engine: the kernel path's largest log-prob and entropy errors, its gradients' relative
+L2 error, and that of the RMSNorm weights' gradients alone (a tiny share of all parameters),
+must be within 1.5x (+1e-3) of the torch path's. Measured on an H200
 (2026-12-02) before this comparison existed: the two bf16 paths differed by 0.10 in
 log-prob (max over 3174 tokens) and 1.7e-2 in gradient relative L2, where the log-prob op
 alone had differed by < 1e-3 (the layer ops were shared then). The fp32 CPU test
@@ -65,7 +66,7 @@ def test_kernel_path_is_as_close_to_fp32_as_the_torch_path(results):
     torch path (rounding after every op), within a 1.5x margin."""
     ref, diff = results["vs_fp32"], results["triton_vs_torch"]
     print(f"vs fp32: {ref}\ntriton vs torch: {diff}\ntorch vs torch (rerun): {results['torch_repeat']}")
-    for key in ("log_prob_diff", "entropy_diff", "grad_rel_l2"):
+    for key in ("log_prob_diff", "entropy_diff", "grad_rel_l2", "norm_grad_rel_l2"):
         assert ref["triton"][key] <= 1.5 * ref["torch"][key] + 1e-3, (key, ref)
     assert results["torch_repeat"]["log_prob_diff"] == 0.0  # the paths are deterministic: differences are rounding
     torch_m, triton_m = results["torch_metrics"], results["triton_metrics"]

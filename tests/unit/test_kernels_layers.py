@@ -41,8 +41,10 @@ def _inputs(shape, dtype, seed=0):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(3, 5, 40), (7, 1536), (1, 33)])
+@pytest.mark.parametrize("shape", [(3, 5, 40), (7, 1536), (1, 33), (2500, 24)])
 def test_rms_norm_matches_fp64(impl, dtype, shape):
+    """(2500, 24): the Triton backward walks several rows per program (2500 = 833 x 3 + 1),
+    with a partial last program, and sums dw over programs."""
     x, _ = _inputs(shape, dtype)
     g = torch.Generator().manual_seed(1)
     w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype).to(DEVICE)
@@ -114,6 +116,8 @@ def test_swiglu_module_and_bad_input():
     with pytest.raises(ValueError, match="impl"):
         rms_norm(x, torch.ones(6, device=DEVICE), 1e-6, impl="cuda")
     if HAVE_TRITON:
+        with pytest.raises(ValueError, match="rms_norm weight has dtype torch.bfloat16; x has torch.float32"):
+            rms_norm(x, torch.ones(6, device=DEVICE, dtype=torch.bfloat16), 1e-6, impl="triton")
         with pytest.raises(ValueError, match="rms_norm weight must have shape"):
             rms_norm(x, torch.ones(5, device=DEVICE), 1e-6, impl="triton")
         with pytest.raises(ValueError, match="swiglu x has dtype"):

@@ -6,8 +6,8 @@ reference math, unchanged (autograd through fp32 copies for the norm; ``silu(gat
 for the MLP); the Triton path computes the same function in one pass per direction:
 
 - `rms_norm(x, weight, eps)`: ``weight * cast(x * rsqrt(mean(x^2) + eps))``, the
-  statistics in fp32. Saves x and one fp32 ``rstd`` per row, where the torch path keeps
-  four fp32 copies of x for its backward.
+  statistics in fp32. Saves x and one fp32 ``rstd`` per row, where the torch path keeps an
+  fp32 copy of x, ``rstd`` and the normalised x for its backward.
 - `swiglu(x)`: ``silu(x[..., :F]) * x[..., F:]`` on megatron's fc1 output. Saves only x;
   the backward recomputes the sigmoid. The torch path keeps ``silu(gate)`` as well.
 
@@ -72,6 +72,8 @@ class _RMSNorm(torch.autograd.Function):
         x2 = _rows(x)
         check_tensor("rms_norm x", x2, dtypes=FLOAT_DTYPES)
         check_tensor("rms_norm weight", weight.contiguous(), shape=(hidden,), dtypes=FLOAT_DTYPES)
+        if weight.dtype != x.dtype:  # the torch path would promote the output; the kernel writes x's dtype
+            raise ValueError(f"rms_norm weight has dtype {weight.dtype}; x has {x.dtype}: they must match")
         y = torch.empty_like(x2)
         rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)
         block = next_pow2(hidden)

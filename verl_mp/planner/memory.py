@@ -149,10 +149,12 @@ def _mlp_term(d: ModelDims, p: int, tp: int, fused: bool = False) -> float:
     if d.moe is None:
         return (3 if fused else 4) * p * d.ffn / tp
     # Uncalibrated first-order MoE term: each token through top_k experts (+ shared
-    # expert), each expert's SwiGLU as a dense one's, and fp32 router scores; dispatch
-    # buffers are not counted yet.
-    m, per_f = d.moe, (3 if fused else 4) * p
-    return (m.top_k * per_f * m.ffn_hidden_size + per_f * m.shared_ffn_hidden_size) / tp + 4 * m.num_experts
+    # expert) and fp32 router scores; dispatch buffers are not counted yet. A shared expert
+    # saves what a dense SwiGLU MLP saves; a routed one also keeps its activation output,
+    # which megatron scales by the router probability (``per_token_scale``) before fc2.
+    m, dense_f = d.moe, 3 if fused else 4
+    routed, shared = (dense_f + 1) * p * m.ffn_hidden_size, dense_f * p * m.shared_ffn_hidden_size
+    return (m.top_k * routed + shared) / tp + 4 * m.num_experts
 
 
 def layer_activation_bytes(d: ModelDims, p: int, tp: int, sp: bool, recompute: Recompute,

@@ -110,19 +110,28 @@ def run(engine, batch, impl: str, timing: bool) -> dict:
     if timing:  # warm-up: Triton compiles, allocator caches fill
         engine.train_step(batch, pg_entropy_loss(batch), temperature=TEMPERATURE, with_entropy=True)
     metrics, seconds, peak = timed_step(engine, batch)
-    grads = torch.cat([p.main_grad.detach().float().flatten()
-                       for chunk in engine.chunks for p in chunk.parameters()])
-    return dict(lp=lp.cpu(), ent=ent.cpu(), grads=grads, metrics=metrics, step_s=seconds, peak_bytes=peak)
+    named = [(n, p) for chunk in engine.chunks for n, p in chunk.named_parameters()]
+    grads = torch.cat([p.main_grad.detach().float().flatten() for _, p in named])
+    # the norms' weights: a tiny share of all parameters, compared on their own
+    norm_grads = torch.cat([p.main_grad.detach().float().flatten() for n, p in named if "norm" in n])
+    return dict(lp=lp.cpu(), ent=ent.cpu(), grads=grads, norm_grads=norm_grads, metrics=metrics, step_s=seconds,
+                peak_bytes=peak)
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| over all ranks."""
+    return (sum_over_ranks(float((a - b).double().square().sum()))
+            / sum_over_ranks(float(b.double().square().sum()))) ** 0.5
 
 
 def compare(a: dict, b: dict, valid: torch.Tensor) -> dict:
     diff = a["grads"] - b["grads"]
     return dict(
+        norm_grad_rel_l2=rel_l2(a["norm_grads"], b["norm_grads"]),
         log_prob_diff=max_over_ranks(float((a["lp"] - b["lp"])[valid].abs().max())),
         entropy_diff=max_over_ranks(float((a["ent"] - b["ent"])[valid].abs().max())),
         grad_diff=max_over_ranks(float(diff.abs().max())),
-        grad_rel_l2=(sum_over_ranks(float(diff.double().square().sum()))
-                     / sum_over_ranks(float(b["grads"].double().square().sum()))) ** 0.5,
+        grad_rel_l2=rel_l2(a["grads"], b["grads"]),
     )
 
 
