@@ -45,14 +45,19 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>/dev/null
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 
-setup_python() {
+setup_megatron() {  # megatron-core, omegaconf, antlr from .whl; the checkout on the path (no vLLM)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
+}
+
+setup_python() {  # setup_megatron plus the vLLM kit (stashed part 1 + carried part 2)
+  setup_megatron
   if [ ! -d ~/vllm026/site ]; then
     cp .gpu-vllm/part2/* ~/gvk/ && bash ~/gvk/install.sh ~/gvk ~/vllm026 > "$OUT/vllm_install.log" 2>&1 \
       || { tail -20 "$OUT/vllm_install.log"; exit 1; }
   fi
   export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
 }
 
 install_moe_lib() {  # vLLM's MoE kernels library, left out of the kit: carried now or stashed (stash_moe)
@@ -134,10 +139,7 @@ run_train() {  # the fused-kernel engine test, then a short GRPO run of the real
 }
 
 run_transfer() {  # issue 16: the weight channel's seconds per GB over NCCL between two GPUs
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  setup_megatron
   [ "$ngpu" -ge 2 ] || { echo "transfer needs 2 GPUs"; return 1; }
   for gb in 3 15; do  # ~ Qwen2-1.5B and Qwen2-7B in bf16
     CUDA_VISIBLE_DEVICES=0,1 timeout 250 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
@@ -210,10 +212,7 @@ run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2
 }
 
 run_mfu() {  # issue 14 item 2, carry .whl only: attention kernels, the engine's train step profiled, memory at its peak
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+  setup_megatron
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
   CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_kernels_layers.py \
     tests/unit/test_kernels_logprob.py > "$OUT/kernel_tests.log" 2>&1; echo "kernel tests rc=$?"; tail -2 "$OUT/kernel_tests.log"
@@ -305,10 +304,7 @@ case "$phase" in
   validate) run_validate ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-      || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-    [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches
+    setup_megatron
     CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/engine_memory.py --out "$OUT/engine_memory.json" \
       2>&1 | grep -E '^[{]|Error' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
