@@ -64,21 +64,21 @@ def _warps(block: int) -> int:
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
-        from verl_mp.kernels._layers_triton import (
-            rmsnorm_fwd_kernel,  # lazy: reads TRITON_INTERPRET
-        )
+        # imported here: triton reads TRITON_INTERPRET when its language module is first imported
+        from verl_mp.kernels._layers_triton import rmsnorm_fwd_kernel
 
         hidden = x.shape[-1]
         x2 = _rows(x)
         check_tensor("rms_norm x", x2, dtypes=FLOAT_DTYPES)
-        check_tensor("rms_norm weight", weight.contiguous(), shape=(hidden,), dtypes=FLOAT_DTYPES)
+        weight = weight.contiguous()
+        check_tensor("rms_norm weight", weight, shape=(hidden,), dtypes=FLOAT_DTYPES)
         if weight.dtype != x.dtype:  # the torch path would promote the output; the kernel writes x's dtype
             raise ValueError(f"rms_norm weight has dtype {weight.dtype}; x has {x.dtype}: they must match")
         y = torch.empty_like(x2)
         rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)
         block = next_pow2(hidden)
         if x2.shape[0]:
-            rmsnorm_fwd_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, rstd, hidden, eps, BLOCK_H=block,
+            rmsnorm_fwd_kernel[(x2.shape[0],)](x2, weight, y, rstd, hidden, eps, BLOCK_H=block,
                                                num_warps=_warps(block))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
@@ -97,7 +97,7 @@ class _RMSNorm(torch.autograd.Function):
         dw_part = torch.zeros(max(programs, 1), hidden, device=x2.device, dtype=torch.float32)
         block = next_pow2(hidden)
         if programs:
-            rmsnorm_bwd_kernel[(programs,)](x2, weight.contiguous(), g, rstd, dx, dw_part, rows, hidden, per_program,
+            rmsnorm_bwd_kernel[(programs,)](x2, weight, g, rstd, dx, dw_part, rows, hidden, per_program,
                                             BLOCK_H=block, num_warps=_warps(block))
         return dx.view(ctx.x_shape), dw_part.sum(0).to(weight.dtype), None
 
