@@ -21,9 +21,11 @@
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
-#                  1024 new tokens (rollout.sleep_level SLEEP_LEVEL, default 2), each phase's time, then vLLM alone.
+#                  1024 new tokens (rollout.sleep_level SLEEP_LEVEL, default 2; KEEP_WEIGHTS=true:
+#                  rollout.keep_weights_on_gpu), each phase's time and its parts, then vLLM alone.
 #   validate     : after `stash`, carry .gpu-vllm/part2 + .whl: the GPU kernel test (both bf16 paths vs an fp32
-#                  engine) and the colocated sync tests incl. rollout.sleep_level=2.
+#                  engine), the colocated sync tests incl. rollout.sleep_level=2 and keep_weights_on_gpu, and the
+#                  1.5B weight sync after each kind of sleep (wake + copy, as the loop's phase) vs awake.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -235,7 +237,7 @@ run_breakdown() {  # issue 14 item 4, after `stash`, carry .gpu-vllm/part2 + .wh
   CUDA_VISIBLE_DEVICES=0 WORK=/tmp/bd_work SIZE=1.5b PROMPTS=256 N=8 MAX_NEW=1024 MICRO=16 STEPS=${STEPS:-2} GAP_FREQ=${GAP_FREQ:-5} \
     MAX_TOKENS=${MAX_TOKENS-18432} \
     timeout ${GRPO_S:-330} bash benchmarks/gpu_grpo.sh "$OUT/breakdown" rollout.sleep_level=${SLEEP_LEVEL:-2} \
-    > "$OUT/breakdown.log" 2>&1
+    rollout.keep_weights_on_gpu=${KEEP_WEIGHTS:-false} > "$OUT/breakdown.log" 2>&1
   echo "breakdown rc=$?"; grep -E "run failed|Error|error:" "$OUT/breakdown.log" | tail -3 | cut -c1-400
   cp "$OUT/breakdown/metrics.jsonl" "$OUT/breakdown_metrics.jsonl" 2>/dev/null
   python3 benchmarks/grpo_table.py "$OUT/breakdown_metrics.jsonl" 2>/dev/null
@@ -258,9 +260,23 @@ run_validate() {  # after `stash`, carry .gpu-vllm/part2 + .whl: the GPU checks 
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_engine_kernel_gpu.py \
     > "$OUT/validate_kernel.log" 2>&1; echo "kernel GPU test rc=$?"
   grep -E "vs fp32|triton vs|passed|failed|Error" "$OUT/validate_kernel.log" | cut -c1-500 | tail -6
-  CUDA_VISIBLE_DEVICES=0 timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_rollout_gpu.py \
-    -k "sleep_level_2 or tp1pp1" > "$OUT/validate_rollout.log" 2>&1; echo "rollout GPU tests rc=$?"
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_rollout_gpu.py \
+    -k "sleep_level_2 or keeping_the_weights or tp1pp1" > "$OUT/validate_rollout.log" 2>&1; echo "rollout GPU tests rc=$?"
   grep -E "^[{]|passed|failed|Error" "$OUT/validate_rollout.log" | cut -c1-500 | tail -6
+  # the loop's weight-sync phase without the loop: sleep (level 1, level 2, weights kept), then wake + copy
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/weight_sync.py --size 1.5b --modes local --sleep awake,level1,level2,keep --iters 5 \
+    --out "$OUT/sync_sleep_1.5b.json" > "$OUT/sync_sleep_1.5b.log" 2>&1; echo "sync after sleep rc=$?"
+  python3 - "$OUT/sync_sleep_1.5b.json" <<'PY'
+import json, sys
+print("sleep | s (wake weights + copy) | s/GB | x awake | wake weights s | sleep s | wake KV s | loader diff")
+rows = json.load(open(sys.argv[1]))
+awake = next(r["seconds_median"] for r in rows if r["sleep"] == "awake")
+for r in rows:
+    print(r["sleep"], f"{r['seconds_median']:.4f}", f"{r['seconds_per_model_gb']:.4f}", f"{r['seconds_median'] / awake:.2f}",
+          *(f"{r.get(k, 0):.4f}" for k in ("wake_weights_s", "sleep_s", "wake_kv_cache_s")),
+          r.get("local_vs_loader_max_abs_diff"), sep=" | ")
+PY
 }
 
 run_demo() {  # issue 14 item 5: GRPO that learns with the full vocabulary (demo_gpu) on one H200

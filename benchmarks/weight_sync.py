@@ -9,7 +9,9 @@ vLLM engine started with ``load_format=dummy``; then times ``iters`` full syncs
 in each mode (``gather``: bucketed TP gather -> HF names -> ``reload_weights``;
 ``local``: this rank's shards -> vLLM's parameters in place) and reports seconds, seconds per
 GB of model, GB moved per rank and the sync's transient memory. A final check compares one vLLM and one Megatron
-tensor after the sync.
+tensor after the sync. ``--sleep level1,level2,keep`` puts vLLM to sleep before each sync
+as the training loop does, and the seconds then include waking its weights (the loop's
+weight-sync phase; benchmark vs loop is issue 14's ratio).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--bucket-mb", type=int, default=512)
     p.add_argument("--modes", default="gather,local", help="sync modes to time, comma separated")
+    p.add_argument("--sleep", default="awake",
+                   help="comma separated: awake (vLLM never sleeps: the copy alone), level1, level2 "
+                        "(rollout.sleep_level), keep (rollout.keep_weights_on_gpu); each but awake puts vLLM "
+                        "to sleep before every sync and times its wake-up too, as the training loop does")
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
@@ -76,7 +82,8 @@ def main() -> None:
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=world, dtype="bf16", load_format="dummy",
                                         gpu_memory_utilization=0.35, enforce_eager=True, max_model_len=2048),
                           path, spec.num_query_groups)
-    results = [_time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) for mode in a.modes.split(",")]
+    results = [_time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes)
+               for mode in a.modes.split(",") for sleep in a.sleep.split(",")]
     if dist.get_rank() == 0:
         for result in results:
             print(json.dumps(result))
@@ -88,24 +95,46 @@ def main() -> None:
     os._exit(0)
 
 
-def _time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) -> dict:
-    """Warm up, then time ``a.iters`` whole syncs in one mode (``gather`` or ``local``)."""
+SLEEPS = {"awake": None, "level1": dict(sleep_level=1), "level2": dict(sleep_level=2),
+          "keep": dict(keep_weights_on_gpu=True)}
+
+
+def _time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes) -> dict:
+    """Warm up, then time ``a.iters`` whole syncs in one mode (``gather`` or ``local``); with a
+    ``sleep`` other than ``awake`` each sync follows a sleep, and the seconds include waking
+    the weights (the loop's weight-sync phase); the KV cache's wake-up is timed on its own."""
+    from dataclasses import replace
+
     from verl_mp.bridge.weight_sync import make_weight_sync
 
     sync = make_weight_sync(spec, chunks, state, a.bucket_mb, mode, rollout)
     rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)  # warm-up
-    times, peaks = [], []
+    if SLEEPS[sleep] is not None:
+        rollout.cfg = replace(rollout.cfg, **SLEEPS[sleep])
+    times, peaks, parts = [], [], {"sleep_s": [], "wake_weights_s": [], "wake_kv_cache_s": []}
     for _ in range(a.iters):
         torch.cuda.synchronize()
+        if SLEEPS[sleep] is not None:
+            t = time.perf_counter()
+            rollout.sleep()
+            parts["sleep_s"].append(time.perf_counter() - t)
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
+        rollout.wake_up(["weights"])  # nothing to do when awake or with the weights kept
+        torch.cuda.synchronize()
+        parts["wake_weights_s"].append(time.perf_counter() - t0)
         rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         peaks.append(torch.cuda.max_memory_allocated() - base)
+        t = time.perf_counter()
+        rollout.wake_up()  # the KV cache, as generation does
+        torch.cuda.synchronize()
+        parts["wake_kv_cache_s"].append(time.perf_counter() - t)
     stats = sync.last_stats
     median = sorted(times)[len(times) // 2]
+    part_medians = {k: sorted(v)[len(v) // 2] for k, v in parts.items() if v}
     model_gb = sum(i.param.numel() * i.param.element_size() * (state.tp_size if i.tp_dim is not None else 1)
                    for i in sync.infos) / 1e9
     check = {}
@@ -113,7 +142,8 @@ def _time_mode(mode, spec, chunks, state, rollout, a, world, train_bytes) -> dic
         from verl_mp.cli.rank_verify_rollout import local_vs_loader
 
         check["local_vs_loader_max_abs_diff"] = local_vs_loader(spec, chunks, state, rollout, a.bucket_mb)
-    return dict(**check, size=a.size, world=world, mode=sync.mode, dtype="bf16", bucket_mb=a.bucket_mb,
+    return dict(**check, size=a.size, world=world, mode=sync.mode, sleep=sleep, **part_medians, dtype="bf16",
+                bucket_mb=a.bucket_mb,
                 model_gb=model_gb, moved_gb_per_rank=stats.bytes_synced / 1e9,
                 tp_gathered_gb_per_rank=stats.tp_gathered_bytes / 1e9, seconds_median=median,
                 seconds_all=times, seconds_per_model_gb=median / model_gb,

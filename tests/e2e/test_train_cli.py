@@ -18,6 +18,10 @@ REQUIRED = [
     "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "rollout/sync_bytes",
     "timing/generate_s", "timing/weight_sync_s", "timing/update_actor_s", "timing/step_s",
     "perf/tokens_per_s", "timing/generate_tokens_per_s", "perf/tflops_per_s", "perf/mfu",
+    # the generate and sync phases split into parts (vLLM alone is compared with the engine part)
+    "timing/generate_wake_s", "timing/generate_engine_s", "timing/generate_sleep_s",
+    "timing/generate_engine_gc_s", "timing/generate_engine_tokens_per_s",
+    "timing/weight_sync_wake_s", "timing/weight_sync_load_s",
 ]
 
 
@@ -41,6 +45,10 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
     for key in REQUIRED + ["actor/kl_loss", "actor/entropy", "val/accuracy"]:
         assert key in steps[2] and steps[2][key] is not None, key
     for step in (1, 2):
+        s = steps[step]  # the parts are inside their phase
+        assert s["timing/generate_wake_s"] + s["timing/generate_engine_s"] + s["timing/generate_sleep_s"] \
+            <= s["timing/generate_s"]
+        assert s["timing/weight_sync_wake_s"] + s["timing/weight_sync_load_s"] <= s["timing/weight_sync_s"]
         # the rollout's log-probs equal the trainer's after every sync (fp32)
         assert steps[step]["rollout/logprob_diff_max"] < 1e-4
         # the CLI override reached the loss on every rank (max == min == value)

@@ -67,6 +67,24 @@ def test_colocated_sync_after_sleep_level_2(model_dir, tmp_path):
     assert r["local_vs_loader_max_abs_diff"] == 0.0, r
 
 
+def test_colocated_sync_keeping_the_weights(model_dir, tmp_path):
+    """``rollout.keep_weights_on_gpu``: only the KV cache is released while Megatron trains
+    (the project's own release: vLLM's sleep has no such level). The KV cache's memory must
+    come free, the kept weights must score the first samples as before, and the in-place sync
+    must then give what vLLM's own loader builds."""
+    out = tmp_path / "r.json"
+    launch_local(PROG, 1, ["--model", model_dir, "--dtype", "bf16", "--bucket-mb", 64, "--sync-mode", "local",
+                           "--keep-weights", "--out", out], module=True,
+                 timeout_s=500, env={**ENV, **{k: v for k, v in os.environ.items() if k.startswith(("PYTHON", "VLLM"))}})
+    r = json.loads(out.read_text())
+    print(json.dumps(r))
+    assert r["asleep_gb"] < r["before_sleep_gb"] - 10.0, r  # the KV cache (~40 GiB at utilization 0.3) came free
+    assert r["kept_weights_gap"] <= BF16_MAX, r
+    assert r["after_gap"] <= BF16_MAX and r["mean_gap_after"] <= BF16_MEAN, r
+    assert r["changed"] > 5 * r["mean_gap_after"], r
+    assert r["local_vs_loader_max_abs_diff"] == 0.0, r
+
+
 MOE_LAYOUTS = [  # (TP, EP, expert-TP, vLLM expert parallelism): training layout == vLLM's expert layout
     (1, 1, 1, False),  # one GPU: every expert whole on both sides
     (2, 2, 1, True),  # two GPUs: each rank copies its 2 of 4 experts into vLLM's expert-parallel slots

@@ -136,6 +136,25 @@ def test_recompute_settings_are_checked():
         load_config("grpo", ["critic.recompute=selective", "critic.recompute_modules=[layernorm]"])
 
 
+def test_keep_weights_on_gpu_counts_them_in_every_training_phase(body_1_5b):
+    from verl_mp.planner.dims import ModelDims, total_params
+    from verl_mp.planner.rollout import VLLM_ASLEEP_BYTES
+
+    base = [f"model.path={body_1_5b}", *ISSUE_21]
+    _, spec, default = planned(base)
+    _, _, kept = planned([*base, "rollout.keep_weights_on_gpu=true"])
+    weights = total_params(ModelDims.from_spec(spec)) * 2  # bf16, rollout TP 1
+    before, after = ({ph.name: ph for ph in r.phases} for r in (default, kept))
+    for name in ("old_log_prob", "ref_log_prob", "update_actor"):
+        assert before[name].parts["vllm"] == VLLM_ASLEEP_BYTES  # asleep: the residual only
+        assert after[name].parts["vllm"] == VLLM_ASLEEP_BYTES + weights  # the weights stay
+        assert "weights awake" in after[name].notes
+    # the sync: woken for it by default, there already with the option; generation unchanged
+    assert before["sync"].parts["vllm"] == after["sync"].parts["vllm"] == VLLM_ASLEEP_BYTES + weights
+    assert before["generate"].parts == after["generate"].parts
+    assert after["update_actor"].total == before["update_actor"].total + weights
+
+
 def test_hf_rollout_backend_keeps_its_model(body_1_5b):
     from verl_mp.planner.dims import ModelDims, total_params
 

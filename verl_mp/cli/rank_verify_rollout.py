@@ -74,6 +74,8 @@ def main():
     p.add_argument("--bucket-mb", type=int, default=256)
     p.add_argument("--sleep-level", type=int, default=1, choices=(1, 2),
                    help="rollout.sleep_level while the engine trains (2: vLLM drops its weights; the sync rewrites them)")
+    p.add_argument("--keep-weights", action="store_true",
+                   help="rollout.keep_weights_on_gpu: only the KV cache is released while the engine trains")
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                    help="rollout.weight_sync_mode (local: rank-local shards, needs rollout TP == TP)")
@@ -98,7 +100,7 @@ def main():
     engine.load_hf()
     rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=a.rollout_tp, max_model_len=128,
                                         dtype=a.dtype, gpu_memory_utilization=0.3, expert_parallel=a.rollout_ep,
-                                        sleep_level=a.sleep_level),
+                                        sleep_level=a.sleep_level, keep_weights_on_gpu=a.keep_weights),
                           a.model, engine.spec.num_query_groups, moe=moe)
     sync = make_weight_sync(engine.spec, engine.chunks, engine.state, a.bucket_mb, a.sync_mode, rollout)
     g = torch.Generator().manual_seed(0)
@@ -123,6 +125,12 @@ def main():
         rollout.sleep()
         memory["asleep_gb"] = _used_gb()
     engine.train_step(inputs, lambda out, mb: (-(out["log_probs"] * mb["response_mask"]).sum() / total, {}))
+    if torch.cuda.is_available() and a.keep_weights:  # the weights vLLM kept score the first samples as before
+        rollout.wake_up(["kv_cache"])
+        kept = score_with_vllm(rollout.llm, prompts, out0.response_ids)
+        memory["kept_weights_gap"] = max(abs(x - y) for old, new in zip(out0.response_logprobs, kept, strict=True)
+                                         for x, y in zip(old, new, strict=True))
+        rollout.sleep()  # and again: the sync below wakes as the loop does (nothing, with kept weights)
     rollout.wake_up(["weights"])
     rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
     cross = {}

@@ -73,7 +73,13 @@ class RolloutConfig:
     the real weights arrive through the first sync."""
     sleep_level: int = 1
     """vLLM sleep level while training (1: offload weights, drop KV cache; 2: drop both, the
-    weight sync rewrites the weights: no copy to the CPU and back). GPU only."""
+    weight sync rewrites the weights: no copy to the CPU and back). GPU only. Not used with
+    ``keep_weights_on_gpu``."""
+    keep_weights_on_gpu: bool = False
+    """Release only vLLM's KV cache while training; its weights stay on the GPU (the training
+    phases have that much less memory: `verl-mp plan` counts it). The sync then writes them
+    in place with nothing to wake or copy back, and generation wakes only the KV cache.
+    GPU only; for models whose rollout shard fits beside training."""
     expert_parallel: bool = False
     """Mixture-of-experts models: vLLM's expert parallelism (``enable_expert_parallel``): each
     rank holds whole experts, ``num_experts / (TP x DP)`` of them, instead of every expert

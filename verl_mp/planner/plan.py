@@ -172,7 +172,7 @@ def _rollout_memory(cfg: RootConfig, dims: ModelDims, options: PlanOptions, worl
     if cfg.rollout.backend != "vllm":
         return ro.hf_rollout_memory(dims, p)
     return ro.rollout_memory(dims, cfg.rollout.tensor_model_parallel_size, p, cfg.rollout.gpu_memory_utilization,
-                             options.gpu_bytes, world=world)
+                             options.gpu_bytes, world=world, keep_weights=cfg.rollout.keep_weights_on_gpu)
 
 
 def _rollout_pool_phases(cfg: RootConfig, options: PlanOptions, dims: ModelDims, rollout: ro.RolloutMemory,
@@ -262,9 +262,10 @@ def _phase(ctx: _Context, name: str, stage: int, pool: str) -> PhaseMemory:
         parts["vllm"] = ro_mem.weights
         asleep.append("HF rollout model resident")
     elif ro_mem is not None:
-        parts["vllm"] = ro_mem.budget if generating else ro_mem.asleep + (ro_mem.weights if name == "sync" else 0)
-        asleep.append("vLLM awake" if generating else "vLLM weights awake, KV cache released" if name == "sync"
-                      else "vLLM asleep")
+        woken = ro_mem.weights if name == "sync" and not ro_mem.keeps_weights else 0
+        parts["vllm"] = ro_mem.budget if generating else ro_mem.asleep + woken
+        asleep.append("vLLM awake" if generating else "vLLM weights awake, KV cache released"
+                      if name == "sync" or ro_mem.keeps_weights else "vLLM asleep")
     if name == "old_log_prob":
         parts["work"] = a.forward_peak(stage, impl)
     elif name == "ref_log_prob":

@@ -6,7 +6,8 @@ pass and sampler, and the KV cache, which gets whatever is left of that budget. 
 to start when less than that budget is free, or when the KV cache cannot hold one
 ``max_model_len`` sequence. Asleep (``rollout.sleep_level``, between generations) it keeps
 only a small residual (CUDA-graph pools, its allocator's bookkeeping); for a sync it wakes
-its weights only.
+its weights only. With ``rollout.keep_weights_on_gpu`` the weights stay through training
+and only the KV cache is released.
 
 The sync (`verl_mp.bridge.weight_sync`) holds, beyond the rank's own shards, one bucket
 of ``rollout.weight_sync_bucket_mb`` plus, in ``gather`` mode, one TP-gathered tensor.
@@ -56,6 +57,9 @@ class RolloutMemory:
     asleep: int = VLLM_ASLEEP_BYTES
     sleeps: bool = True
     """False for the HF backend: its weights stay on the GPU in every phase."""
+    keeps_weights: bool = False
+    """``rollout.keep_weights_on_gpu``: asleep it releases only the KV cache (``asleep``
+    includes the weights) and the sync has nothing to wake."""
 
     @property
     def kv_tokens(self) -> int:
@@ -63,16 +67,17 @@ class RolloutMemory:
 
 
 def rollout_memory(d: ModelDims, tp: int, p: int, utilization: float, gpu_bytes: int,
-                   world: int | None = None) -> RolloutMemory:
+                   world: int | None = None, keep_weights: bool = False) -> RolloutMemory:
     """``world``: ranks of the rollout (mixture of experts: vLLM splits the routed experts over
     all of them, rollout TP x DP, whole experts with expert parallelism or each expert sliced
-    without; the rest over TP)."""
+    without; the rest over TP). ``keep_weights``: ``rollout.keep_weights_on_gpu``."""
     budget = int(utilization * gpu_bytes)
     experts = stage_expert_params(d, Layout())
     weights = (total_params(d) - experts) * p // tp + experts * p // (world or tp)
     workspace = vllm_workspace_bytes(d, tp, p)
     return RolloutMemory(budget=budget, weights=weights, workspace=workspace,
-                         kv_cache=budget - weights - workspace, kv_bytes_per_token=kv_bytes_per_token(d, tp, p))
+                         kv_cache=budget - weights - workspace, kv_bytes_per_token=kv_bytes_per_token(d, tp, p),
+                         asleep=VLLM_ASLEEP_BYTES + (weights if keep_weights else 0), keeps_weights=keep_weights)
 
 
 def hf_rollout_memory(d: ModelDims, p: int) -> RolloutMemory:

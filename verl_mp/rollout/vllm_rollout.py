@@ -204,11 +204,17 @@ class VLLMRollout:
         return self.llm.collective_rpc(rank)[0]
 
     def sleep(self) -> None:
-        """Release vLLM's device memory (level ``rollout.sleep_level``). vLLM sleeps only a
-        fully awake engine, so a partly awake one (weights woken for a sync) wakes the rest
-        first."""
+        """Release vLLM's device memory (level ``rollout.sleep_level``; only the KV cache with
+        ``rollout.keep_weights_on_gpu``). vLLM sleeps only a fully awake engine, so a partly
+        awake one (weights woken for a sync) wakes the rest first."""
         if not torch.cuda.is_available():
             _log_once("vLLM sleep/wake is a no-op on CPU (no device memory to hand over)")
+            return
+        if self.cfg.keep_weights_on_gpu:
+            if not self._sleeping:
+                self.llm.reset_prefix_cache()  # the cached blocks' contents go with the memory
+                self.llm.collective_rpc(_release_kv_cache)
+                self._sleeping = {"kv_cache"}
             return
         if self._sleeping == set(_SLEEP_TAGS):
             return
@@ -223,9 +229,33 @@ class VLLMRollout:
         if not torch.cuda.is_available():
             return
         wanted = [t for t in _SLEEP_TAGS if t in self._sleeping and (tags is None or t in tags)]
-        if wanted:
+        if not wanted:
+            return
+        if self.cfg.keep_weights_on_gpu:  # vLLM's engine never saw a sleep: the workers map the KV cache back
+            self.llm.collective_rpc("wake_up", kwargs={"tags": wanted})
+        else:
             self.llm.wake_up(tags=wanted)
-            self._sleeping -= set(wanted)
+        self._sleeping -= set(wanted)
+
+
+def _release_kv_cache(worker) -> int:
+    """Unmap this worker's KV-cache memory (vLLM's sleep-mode allocator, tag ``kv_cache``) and
+    leave the weights mapped: vLLM's own sleep releases both. The tensors keep their virtual
+    addresses (CUDA graphs stay valid); the worker's ``wake_up(tags=["kv_cache"])`` maps fresh
+    memory back. Returns the bytes released."""
+    from vllm.device_allocator.cumem import CuMemAllocator, unmap_and_release
+
+    torch.cuda.synchronize()  # nothing queued may still read the cache
+    released = 0
+    for data in CuMemAllocator.get_instance().pointer_to_data.values():
+        if data.tag == "kv_cache":
+            unmap_and_release(data.handle)
+            data.is_asleep = True
+            released += data.handle[1]
+    if not released:
+        raise RuntimeError("rollout.keep_weights_on_gpu: vLLM's allocator holds no KV-cache memory to release "
+                           "(sleep mode off, or a vLLM whose allocator tags differ); set it to false")
+    return released
 
 
 def _copy_in_place(model, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

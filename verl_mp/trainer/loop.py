@@ -184,6 +184,8 @@ class RLTrainer:
                    **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
         metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(out.wall_end - out.wall_start, 1e-9)
+        if out.metrics.get("timing/generate_engine_s"):  # the engine call alone (no wake or sleep)
+            metrics["timing/generate_engine_tokens_per_s"] = out.num_tokens / out.metrics["timing/generate_engine_s"]
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
 

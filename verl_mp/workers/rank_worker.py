@@ -30,7 +30,7 @@ from verl_mp.engine.engine import MegatronEngine
 from verl_mp.plan import RunPlan
 from verl_mp.rollout import build_rollout
 from verl_mp.rollout.types import RolloutOutput
-from verl_mp.utils import memory, profiling
+from verl_mp.utils import memory, profiling, stopwatch
 from verl_mp.workers import rollout_link
 from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
 from verl_mp.workers.faults import FaultInjector
@@ -87,18 +87,22 @@ class RankWorker:
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
+        parts = stopwatch.PhaseParts("generate")  # wake + engine + sleep (+ offload moves)
         start = time.time()
         with memory.tracked("generate", metrics):
-            self._offload(self.actor)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
-            rollout.wake_up()
+            with parts.part("wake"):
+                self._offload(self.actor)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
+                rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
-            out = rollout.generate(prompt_ids, sampling, record_routing=record_routing)
-            if self.actor is not None:  # a rollout on ranks of its own keeps its memory
-                rollout.sleep()
-            self._onload(self.actor)
-        out.metrics.update(metrics)
+            with parts.part("engine"), stopwatch.gc_seconds(metrics, "timing/generate_engine_gc_s"):
+                out = rollout.generate(prompt_ids, sampling, record_routing=record_routing)
+            with parts.part("sleep"):
+                if self.actor is not None:  # a rollout on ranks of its own keeps its memory
+                    rollout.sleep()
+                self._onload(self.actor)
+        out.metrics.update(metrics, **parts.metrics())
         out.wall_start, out.wall_end = start, time.time()
         return out
 
@@ -119,11 +123,14 @@ class RankWorker:
             return rollout_link.send_weights(self._hosted(self.sync, "rollout"), self.channel)
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
+        parts = stopwatch.PhaseParts("weight_sync")  # wake the weights' memory + copy (as benchmarks/weight_sync.py times it)
         with memory.tracked("weight_sync", metrics):
-            rollout.wake_up(["weights"])
-            rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
+            with parts.part("wake"):
+                rollout.wake_up(["weights"])
+            with parts.part("load"):
+                rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
         stats = self.sync.last_stats
-        return {**metrics, "rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
+        return {**metrics, **parts.metrics(), "rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,
                 "rollout/sync_gbps": stats.bytes_synced / max(stats.seconds, 1e-9) / 1e9,
                 "rollout/sync_tp_gathered_bytes": float(stats.tp_gathered_bytes),
