@@ -26,6 +26,8 @@
 #   validate     : after `stash`, carry .gpu-vllm/part2 + .whl: the GPU kernel test (both bf16 paths vs an fp32
 #                  engine), the colocated sync tests incl. rollout.sleep_level=2 and keep_weights_on_gpu, and the
 #                  1.5B weight sync after each kind of sleep (wake + copy, as the loop's phase) vs awake.
+#   syncloop     : after `stash`, carry .gpu-vllm/part2 + .whl: the 1.5B sync in place (one multi-tensor copy) vs
+#                  through buckets after each kind of sleep, then `breakdown` with KEEP_WEIGHTS=true, SPEED_S=0.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -241,7 +243,7 @@ run_breakdown() {  # issue 14 item 4, after `stash`, carry .gpu-vllm/part2 + .wh
   echo "breakdown rc=$?"; grep -E "run failed|Error|error:" "$OUT/breakdown.log" | tail -3 | cut -c1-400
   cp "$OUT/breakdown/metrics.jsonl" "$OUT/breakdown_metrics.jsonl" 2>/dev/null
   python3 benchmarks/grpo_table.py "$OUT/breakdown_metrics.jsonl" 2>/dev/null
-  CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-170} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
+  [ "${SPEED_S:-170}" = 0 ] || CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-170} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
     --prompts 256 --n 8 --max-new-tokens 1024 --repeats 1 --cases no_logprobs --warmup-prompts 32 \
     --out "$OUT/breakdown_standalone.json" > "$OUT/breakdown_standalone.log" 2>&1
   echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/breakdown_standalone.log" | tail -1
@@ -263,19 +265,23 @@ run_validate() {  # after `stash`, carry .gpu-vllm/part2 + .whl: the GPU checks 
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_rollout_gpu.py \
     -k "sleep_level_2 or keeping_the_weights or tp1pp1" > "$OUT/validate_rollout.log" 2>&1; echo "rollout GPU tests rc=$?"
   grep -E "^[{]|passed|failed|Error" "$OUT/validate_rollout.log" | cut -c1-500 | tail -6
-  # the loop's weight-sync phase without the loop: sleep (level 1, level 2, weights kept), then wake + copy
+  sync_after_sleep local awake,level1,level2,keep
+}
+
+sync_after_sleep() {  # MODES SLEEPS: the loop's weight-sync phase without the loop (1.5B shape, bucket 256 MB as the
+  # loop's default): vLLM put to sleep (level 1, level 2, weights kept), then wake + copy, against never sleeping
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    benchmarks/weight_sync.py --size 1.5b --modes local --sleep awake,level1,level2,keep --iters 5 \
+    benchmarks/weight_sync.py --size 1.5b --modes "$1" --sleep "$2" --iters 7 --bucket-mb 256 \
     --out "$OUT/sync_sleep_1.5b.json" > "$OUT/sync_sleep_1.5b.log" 2>&1; echo "sync after sleep rc=$?"
   python3 - "$OUT/sync_sleep_1.5b.json" <<'PY'
 import json, sys
-print("sleep | s (wake weights + copy) | s/GB | x awake | wake weights s | sleep s | wake KV s | loader diff")
+print("mode | sleep | s (wake weights + copy) | s/GB | x awake | wake weights s | sleep s | wake KV s | loader diff | all s")
 rows = json.load(open(sys.argv[1]))
-awake = next(r["seconds_median"] for r in rows if r["sleep"] == "awake")
 for r in rows:
-    print(r["sleep"], f"{r['seconds_median']:.4f}", f"{r['seconds_per_model_gb']:.4f}", f"{r['seconds_median'] / awake:.2f}",
-          *(f"{r.get(k, 0):.4f}" for k in ("wake_weights_s", "sleep_s", "wake_kv_cache_s")),
-          r.get("local_vs_loader_max_abs_diff"), sep=" | ")
+    awake = next(x["seconds_median"] for x in rows if x["sleep"] == "awake" and x["mode"] == r["mode"])
+    print(r["mode"], r["sleep"], f"{r['seconds_median']:.4f}", f"{r['seconds_per_model_gb']:.4f}",
+          f"{r['seconds_median'] / awake:.2f}", *(f"{r.get(k, 0):.4f}" for k in ("wake_weights_s", "sleep_s", "wake_kv_cache_s")),
+          r.get("local_vs_loader_max_abs_diff"), [round(t, 4) for t in r["seconds_all"]], sep=" | ")
 PY
 }
 
@@ -317,6 +323,9 @@ case "$phase" in
   profile) run_profile ;;
   mfu) run_mfu ;;
   breakdown) run_breakdown ;;
+  syncloop)  # after `stash`, carry .gpu-vllm/part2 + .whl: the sync in place vs through buckets, after each kind of
+    # sleep, then the breakdown with the weights kept (no vLLM-alone run: SPEED_S=0 skips it)
+    setup_python; sync_after_sleep local,local_buckets awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;
   validate) run_validate ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM

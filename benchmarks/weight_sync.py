@@ -7,7 +7,8 @@ Run under torchrun on GPUs (world size = train TP = rollout TP):
 Builds a randomly initialised megatron GPTModel of a real shape (bf16) and a colocated
 vLLM engine started with ``load_format=dummy``; then times ``iters`` full syncs
 in each mode (``gather``: bucketed TP gather -> HF names -> ``reload_weights``;
-``local``: this rank's shards -> vLLM's parameters in place) and reports seconds, seconds per
+``local``: this rank's shards -> vLLM's parameters in place, in one multi-tensor copy with one
+pipeline stage; ``local_buckets``: the same through buckets) and reports seconds, seconds per
 GB of model, GB moved per rank and the sync's transient memory. A final check compares one vLLM and one Megatron
 tensor after the sync. ``--sleep level1,level2,keep`` puts vLLM to sleep before each sync
 as the training loop does, and the seconds then include waking its weights (the loop's
@@ -51,7 +52,9 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SHAPES), default="1.5b")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--bucket-mb", type=int, default=512)
-    p.add_argument("--modes", default="gather,local", help="sync modes to time, comma separated")
+    p.add_argument("--modes", default="gather,local",
+                   help="comma separated: gather, local (as the trainer syncs: in place where it can), "
+                        "local_buckets (local mode streamed through buckets)")
     p.add_argument("--sleep", default="awake",
                    help="comma separated: awake (vLLM never sleeps: the copy alone), level1, level2 "
                         "(rollout.sleep_level), keep (rollout.keep_weights_on_gpu); each but awake puts vLLM "
@@ -105,10 +108,17 @@ def _time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes)
     the weights (the loop's weight-sync phase); the KV cache's wake-up is timed on its own."""
     from dataclasses import replace
 
-    from verl_mp.bridge.weight_sync import make_weight_sync
+    from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
 
-    sync = make_weight_sync(spec, chunks, state, a.bucket_mb, mode, rollout)
-    rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)  # warm-up
+    sync = make_weight_sync(spec, chunks, state, a.bucket_mb, "local" if mode.startswith("local") else mode, rollout)
+
+    def load():  # as the trainer does (in place where it can), or the bucketed stream
+        if mode == "local_buckets":
+            rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
+        else:
+            push_weights(sync, rollout)
+
+    load()  # warm-up (and the direct copy's plan)
     if SLEEPS[sleep] is not None:
         rollout.cfg = replace(rollout.cfg, **SLEEPS[sleep])
     times, peaks, parts = [], [], {"sleep_s": [], "wake_weights_s": [], "wake_kv_cache_s": []}
@@ -124,7 +134,7 @@ def _time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes)
         rollout.wake_up(["weights"])  # nothing to do when awake or with the weights kept
         torch.cuda.synchronize()
         parts["wake_weights_s"].append(time.perf_counter() - t0)
-        rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
+        load()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         peaks.append(torch.cuda.max_memory_allocated() - base)
@@ -142,7 +152,8 @@ def _time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes)
         from verl_mp.cli.rank_verify_rollout import local_vs_loader
 
         check["local_vs_loader_max_abs_diff"] = local_vs_loader(spec, chunks, state, rollout, a.bucket_mb)
-    return dict(**check, size=a.size, world=world, mode=sync.mode, sleep=sleep, **part_medians, dtype="bf16",
+    return dict(**check, size=a.size, world=world, mode=mode, direct_copy=mode == "local" and sync.copies_directly,
+                sleep=sleep, **part_medians, dtype="bf16",
                 bucket_mb=a.bucket_mb,
                 model_gb=model_gb, moved_gb_per_rank=stats.bytes_synced / 1e9,
                 tp_gathered_gb_per_rank=stats.tp_gathered_bytes / 1e9, seconds_median=median,

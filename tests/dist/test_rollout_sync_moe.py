@@ -72,6 +72,7 @@ def test_sync_tp2_ep2_into_rollout_tp2(models, tmp_path):
 
 
 LAYOUTS = [  # (name, ranks, layout flags, vLLM layout for the local mode)
+    ("tp1_ep1", 1, [], "tp"),  # one rank: the trainer's in-place copy (copy_into) runs
     ("tp2_ep2_etp1", 2, ["--tp", 2, "--ep", 2, "--etp", 1], "ep"),
     ("tp2_etp2", 2, ["--tp", 2], "tp"),
     ("ep2_etp2", 4, ["--ep", 2, "--etp", 2], "none"),
@@ -97,3 +98,5 @@ def test_expert_shards_without_vllm(models, tmp_path, name, ranks, flags, vllm):
             assert r["names_equal"] and r["max_abs_diff"] == 0.0, where
             assert r["planned_equal"] and r["shapes_match_vllm"] is None, where
             assert r["num_expert_slots"] == 4 * 2 * 4 // ep, where  # layers x (w13, w2) x local experts
+            if ranks == 1 or "direct_max_abs_diff" in r:  # in place, each expert into its slot: the same bits
+                assert r["direct_max_abs_diff"] == 0.0 and r["direct_all_written"], where

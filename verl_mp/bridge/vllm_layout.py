@@ -23,6 +23,10 @@ When the two vocabulary paddings give different row ranges (a vocabulary that is
 multiple of 64, e.g. the tiny test models), the vocabulary tensors alone are gathered
 inside the TP group and sliced (`vllm_vocab_rows`); every other tensor moves rank-locally.
 vLLM ties ``lm_head`` to ``embed_tokens`` when the config does, so a tied head is skipped.
+
+The same rules twice: as new tensors (`megatron_shard_to_vllm`, `vllm_vocab_rows`: the
+bucketed stream) and as ``(vLLM view, shard view)`` pairs of equal shape (`shard_copy_pairs`,
+`vocab_copy_pairs`: the direct copy, `WeightSync.copy_into`, which allocates nothing).
 """
 
 from __future__ import annotations
@@ -93,3 +97,36 @@ def vllm_vocab_rows(spec: GPTSpec, megatron_name: str, full: torch.Tensor, tp_ra
     if stop > start:
         out[: stop - start].copy_(full[start:stop])
     return [(vllm_param_name(hf_names(spec, megatron_name)[0]), out)]
+
+
+def shard_copy_pairs(spec: GPTSpec, megatron_name: str, shard: torch.Tensor,
+                     params: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`megatron_shard_to_vllm` as ``(view of vLLM's parameter, view of the shard)`` pairs of
+    equal shape: copying each pair writes the parameter, with no tensor in between. The
+    query-group interleaving of ``linear_qkv`` becomes three strided copies, one per q/k/v."""
+    if is_tied_copy(spec, megatron_name):
+        return []
+    rule, _ = match_rule(spec, megatron_name)
+    dst = params[vllm_param_name(hf_names(spec, megatron_name)[0])]
+    if rule.kind != "qkv":
+        return [(dst, shard)]
+    d, hpg = spec.head_dim, spec.heads_per_group
+    tail = tuple(shard.shape[1:])
+    groups = shard.shape[0] // ((hpg + 2) * d)
+    grouped = shard.view(groups, (hpg + 2) * d, *tail)  # per query group: [its q heads; k; v]
+    pairs, row = [], 0
+    for start, width in ((0, hpg * d), (hpg * d, d), ((hpg + 1) * d, d)):  # vLLM: [all q; all k; all v]
+        pairs.append((dst[row: row + groups * width].view(groups, width, *tail), grouped[:, start: start + width]))
+        row += groups * width
+    return pairs
+
+
+def vocab_copy_pairs(spec: GPTSpec, megatron_name: str, whole: torch.Tensor, params: dict[str, torch.Tensor]
+                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]:
+    """`vllm_vocab_rows` at TP = 1 (the shard is the whole vocabulary) as copy pairs, and the
+    rows past the real vocabulary that must be zeroed."""
+    if is_tied_copy(spec, megatron_name):
+        return [], []
+    dst = params[vllm_param_name(hf_names(spec, megatron_name)[0])]
+    n = spec.vocab_size
+    return [(dst[:n], whole[:n])], ([dst[n:]] if dst.shape[0] > n else [])

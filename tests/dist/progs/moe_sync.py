@@ -80,7 +80,7 @@ def check(path: str, parallel: ParallelConfig, vllm: str) -> dict:
     full = {n: t.clone() for n, t in gather.iter_weights()}
     g = gather.last_stats
     largest = max(i.param.numel() * i.param.element_size() * (state.etp_size if i.expert else state.tp_size)
-                  for i in gather.infos if i.tp_dim is not None)
+                  for i in gather.infos if i.tp_dim is not None) if state.tp_size * state.etp_size > 1 else 0
     # a bucket holds at least one tensor, even one larger than the bucket size
     bucket = max([gather.bucket_bytes] + [e.numel * 4 for entries in gather.stage_entries for e in entries])
     row = {"gather_equals_checkpoint": sorted(full) == sorted(original)
@@ -96,7 +96,22 @@ def check(path: str, parallel: ParallelConfig, vllm: str) -> dict:
     dense_hf = {n: t for n, t in full.items() if ".experts." not in n}
     want = {**expected_vllm_shards(dense_hf, spec, state.tp_rank, state.tp_size),
             **expected_experts(full, spec, layout)}
+    direct = {}
+    if local.copies_directly:  # in place into NaN-filled stand-ins of vLLM's (fused) parameters
+        params = {n: torch.full(shape, float("nan")) for n, shape in fused_shapes(want, layout).items()}
+        local.copy_into(params)
+        written = dict(want)
+        for name in list(written):
+            if "[" in name:
+                base, slot = name[:-1].rsplit("[", 1)
+                written[name] = params[base][int(slot)]
+            else:
+                written[name] = params[name]
+        direct["direct_max_abs_diff"] = max(float((written[n] - want[n]).abs().nan_to_num(nan=float("inf")).max())
+                                            for n in want)
+        direct["direct_all_written"] = all(not t.isnan().any() for t in params.values())
     return {
+        **row, **direct,
         **row,
         "names_equal": sorted(got) == sorted(want),
         "missing": sorted(set(want) - set(got))[:5], "extra": sorted(set(got) - set(want))[:5],
