@@ -213,10 +213,7 @@ class WeightSync:
         stats = SyncStats()
         self.last_stats = stats
         start = time.perf_counter()
-        key = tuple((name, t.data_ptr()) for name, t in params.items())
-        if getattr(self, "_plan_key", None) != key:
-            self._plan, self._plan_key = self._copy_plan(params), key
-        dsts, srcs, zeros, nbytes = self._plan
+        dsts, srcs, zeros, nbytes = self.plan_copies(params)
         with torch.no_grad():  # vLLM's parameters are leaves; the copy must not be recorded
             torch._foreach_copy_(dsts, srcs)
             for rows in zeros:
@@ -225,6 +222,14 @@ class WeightSync:
             torch.cuda.synchronize()  # the seconds (and sync_gbps) cover the copy, not its launch
         stats.bytes_synced = nbytes
         stats.seconds = time.perf_counter() - start
+
+    def plan_copies(self, params: dict[str, torch.Tensor]):
+        """`copy_into`'s plan for these parameters: kept, and made anew when a parameter is
+        another tensor or has moved (`make_weight_sync` makes it before the first sync)."""
+        key = tuple((name, t.data_ptr()) for name, t in params.items())
+        if getattr(self, "_plan_key", None) != key:
+            self._plan, self._plan_key = self._copy_plan(params), key
+        return self._plan
 
     def _copy_plan(self, params: dict[str, torch.Tensor]):
         """``(destinations, sources, rows to zero, source bytes)`` for `copy_into`; every
@@ -340,7 +345,11 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
         local = WeightSync(spec, chunks, state, bucket_mb, "local", experts=experts)
         reason = _agree(_shape_mismatch(local.planned_shapes(), rollout.param_shapes()))
     if reason is None:
-        logger.info("weight sync: local (rank-local shards into vLLM's parameters, no TP gather)")
+        params = rollout.param_tensors() if local.copies_directly and hasattr(rollout, "param_tensors") else None
+        if params is not None:
+            local.plan_copies(params)  # now, not in the first step's sync
+        logger.info("weight sync: local (rank-local shards into vLLM's parameters, %s, no TP gather)",
+                    "one multi-tensor copy" if params is not None else "bucket by bucket")
         return local
     if requested == "local":
         raise ValueError(f"rollout.weight_sync_mode=local is not possible: {reason}; "
