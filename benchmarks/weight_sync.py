@@ -98,8 +98,9 @@ def main() -> None:
     os._exit(0)
 
 
-SLEEPS = {"awake": None, "level1": dict(sleep_level=1), "level2": dict(sleep_level=2),
-          "keep": dict(keep_weights_on_gpu=True)}
+SLEEPS = {"awake": None, "level1": dict(sleep_level=1, keep_weights_on_gpu=False),
+          "level2": dict(sleep_level=2, keep_weights_on_gpu=False), "keep": dict(keep_weights_on_gpu=True)}
+"""Each sets every sleep setting, so that none is left over from the case timed before it."""
 
 
 def _time_mode(mode, sleep, spec, chunks, state, rollout, a, world, train_bytes) -> dict:

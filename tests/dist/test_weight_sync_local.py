@@ -73,7 +73,9 @@ def test_local_sync_equals_vllm_tp_slicing(models, tmp_path, tp, pp, vpp):
             assert ("direct_max_abs_diff" in r) == direct, where
             if direct:
                 assert r["direct_max_abs_diff"] == 0.0 and r["direct_sees_update"], where
-                assert r["direct_bytes_synced"] == r["bytes_synced"], where
+                assert r["direct_refuses_unwritten"], where
+                # what it writes: the bucket's bytes, less Megatron's vocabulary padding where vLLM pads less
+                assert 0 < r["direct_bytes_synced"] <= r["bytes_synced"], where
     # qwen3's vocabulary (128) is a multiple of 64: at TP=2 nothing at all is gathered
     assert all(r["tp_gathered_bytes"] == 0 for r in results["qwen3"])
 

@@ -19,8 +19,9 @@ REQUIRED = [
     "timing/generate_s", "timing/weight_sync_s", "timing/update_actor_s", "timing/step_s",
     "perf/tokens_per_s", "timing/generate_tokens_per_s", "perf/tflops_per_s", "perf/mfu",
     # the generate and sync phases split into parts (vLLM alone is compared with the engine part)
-    "timing/generate_wake_s", "timing/generate_engine_s", "timing/generate_sleep_s",
-    "timing/generate_engine_gc_s", "timing/generate_engine_tokens_per_s",
+    "timing/generate_free_s", "timing/generate_wake_s", "timing/generate_engine_s", "timing/generate_sleep_s",
+    "timing/generate_onload_s", "timing/generate_engine_gc_s", "perf/generate_engine_gc_full_collections",
+    "timing/generate_engine_tokens_per_s",
     "timing/weight_sync_wake_s", "timing/weight_sync_load_s",
 ]
 
@@ -46,7 +47,7 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
         assert key in steps[2] and steps[2][key] is not None, key
     for step in (1, 2):
         s = steps[step]  # the parts are inside their phase
-        assert s["timing/generate_wake_s"] + s["timing/generate_engine_s"] + s["timing/generate_sleep_s"] \
+        assert sum(s[f"timing/generate_{p}_s"] for p in ("free", "wake", "engine", "sleep", "onload")) \
             <= s["timing/generate_s"]
         assert s["timing/weight_sync_wake_s"] + s["timing/weight_sync_load_s"] <= s["timing/weight_sync_s"]
         # the rollout's log-probs equal the trainer's after every sync (fp32)

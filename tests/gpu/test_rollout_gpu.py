@@ -49,6 +49,7 @@ def test_colocated_sync_bf16(model_dir, tmp_path, tp, pp, rtp):
     assert r["changed"] > 5 * r["mean_gap_after"], r  # the update arrived
     assert r["asleep_gb"] < r["before_sleep_gb"] - 1.0, r  # sleeping freed the KV cache and weights
     assert r["sync_mode"] == "local" and r["local_vs_loader_max_abs_diff"] == 0.0, r
+    assert r["direct_copy"] or tp > 1, r  # one rank: the in-place copy (WeightSync.copy_into) ran
 
 
 def test_colocated_sync_after_sleep_level_2(model_dir, tmp_path):
@@ -65,6 +66,7 @@ def test_colocated_sync_after_sleep_level_2(model_dir, tmp_path):
     assert r["after_gap"] <= BF16_MAX and r["mean_gap_after"] <= BF16_MEAN, r
     assert r["changed"] > 5 * r["mean_gap_after"], r
     assert r["local_vs_loader_max_abs_diff"] == 0.0, r
+    assert r["direct_copy"], r  # the in-place copy (WeightSync.copy_into) ran, not the bucketed stream
 
 
 def test_colocated_sync_keeping_the_weights(model_dir, tmp_path):
@@ -83,6 +85,7 @@ def test_colocated_sync_keeping_the_weights(model_dir, tmp_path):
     assert r["after_gap"] <= BF16_MAX and r["mean_gap_after"] <= BF16_MEAN, r
     assert r["changed"] > 5 * r["mean_gap_after"], r
     assert r["local_vs_loader_max_abs_diff"] == 0.0, r
+    assert r["direct_copy"], r  # the in-place copy (WeightSync.copy_into) ran, not the bucketed stream
 
 
 MOE_LAYOUTS = [  # (TP, EP, expert-TP, vLLM expert parallelism): training layout == vLLM's expert layout
@@ -116,5 +119,6 @@ def test_moe_local_sync_bf16(moe_dir, tmp_path, tp, ep, etp, rollout_ep):
     r = json.loads(out.read_text())
     print(json.dumps(r))
     assert r["sync_mode"] == "local" and r["local_vs_loader_max_abs_diff"] == 0.0, r
+    assert r["direct_copy"] or tp > 1, r
     assert r["before_gap"] <= BF16_MAX and r["after_gap"] <= BF16_MAX, r
     assert r["mean_gap_after"] <= BF16_MEAN and r["changed"] > 5 * r["mean_gap_after"], r

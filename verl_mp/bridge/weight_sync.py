@@ -203,22 +203,25 @@ class WeightSync:
 
     def copy_into(self, params: dict[str, torch.Tensor]) -> None:
         """Write this rank's shards into ``params`` (this rank's vLLM parameters by name, the
-        tensors themselves) in place: one multi-tensor copy (``torch._foreach_copy_``) of
-        ``(parameter view, shard view)`` pairs, planned once and re-planned when vLLM's
-        parameters move. What the bucketed stream does, without the buckets; only where
-        `copies_directly`."""
+        tensors themselves) in place: ``torch._foreach_copy_`` over ``(parameter view, shard
+        view)`` pairs, planned once and re-planned when vLLM's parameters move
+        (`_copy_groups`: the dense pairs of one dtype in multi-tensor kernels, the strided
+        q/k/v views and dtype casts pair by pair). What the bucketed stream does, without the
+        buckets; only where `copies_directly`. ``bytes_synced``: bytes written into vLLM's
+        parameters."""
         if not self.copies_directly:
             raise ValueError(f"this weight sync ({self.mode} mode, PP {self.state.pp_size}) cannot copy directly; "
                              "stream it with iter_weights")
         stats = SyncStats()
         self.last_stats = stats
         start = time.perf_counter()
-        dsts, srcs, zeros, nbytes = self.plan_copies(params)
+        groups, zeros, nbytes = self.plan_copies(params)
         with torch.no_grad():  # vLLM's parameters are leaves; the copy must not be recorded
-            torch._foreach_copy_(dsts, srcs)
+            for dsts, srcs in groups:
+                torch._foreach_copy_(dsts, srcs)
             for rows in zeros:
                 rows.zero_()
-        if dsts and dsts[0].is_cuda:
+        if groups and groups[0][0][0].is_cuda:
             torch.cuda.synchronize()  # the seconds (and sync_gbps) cover the copy, not its launch
         stats.bytes_synced = nbytes
         stats.seconds = time.perf_counter() - start
@@ -232,13 +235,25 @@ class WeightSync:
         return self._plan
 
     def _copy_plan(self, params: dict[str, torch.Tensor]):
-        """``(destinations, sources, rows to zero, source bytes)`` for `copy_into`; every
-        parameter in ``params`` must be written (a stale weight would go unnoticed)."""
-        dsts, srcs, zeros, written, nbytes = [], [], [], set(), 0
+        """``(destinations, sources, rows to zero, bytes written)`` for `copy_into`. Every
+        element of every parameter in ``params`` must be written or zeroed exactly once (a
+        stale weight would go unnoticed)."""
+        dsts, srcs, zeros, nbytes = [], [], [], 0
+        name_of = {id(t): n for n, t in params.items()}
+        covered = dict.fromkeys(params, 0)
+
+        def cover(view: torch.Tensor) -> None:
+            name = name_of.get(id(_storage_owner(view)))
+            if name is None:
+                raise ValueError("weight sync: a planned copy writes a tensor that is none of vLLM's parameters")
+            covered[name] += view.numel()
+
         for e in self.stage_entries[0]:
             shard = self.by_name[e.global_name].param.detach()
             if self._remap_vocab(e.global_name):  # TP 1: the whole vocabulary is here
                 pairs, pad = vllm_layout.vocab_copy_pairs(self.spec, e.global_name, shard, params)
+                for rows in pad:
+                    cover(rows)
                 zeros += pad
             elif expert_layout.expert_of(e.global_name) is not None:
                 pairs = []
@@ -251,15 +266,14 @@ class WeightSync:
                 if dst.shape != src.shape:
                     raise ValueError(f"weight sync: {e.global_name} gives shape {tuple(src.shape)} for a vLLM "
                                      f"parameter view of shape {tuple(dst.shape)}")
+                cover(dst)
                 dsts.append(dst)
                 srcs.append(src)
-            if pairs:
-                nbytes += shard.numel() * shard.element_size()
-                written.update(id(t._base if t._base is not None else t) for t, _ in pairs)
-        missing = [n for n, t in params.items() if id(t) not in written]
-        if missing:
-            raise ValueError(f"weight sync: vLLM parameters no shard writes: {missing[:3]}")
-        return dsts, srcs, zeros, nbytes
+                nbytes += dst.numel() * dst.element_size()
+        wrong = [f"{n} ({covered[n]} of {t.numel()} elements)" for n, t in params.items() if covered[n] != t.numel()]
+        if wrong:
+            raise ValueError(f"weight sync: vLLM parameters the shards do not write exactly once: {wrong[:3]}")
+        return _copy_groups(dsts, srcs), zeros, nbytes
 
     def _fill_bucket(self, stage: int, entries: list[_Entry], bucket: list[int], stats: SyncStats) -> torch.Tensor:
         numel = sum(entries[i].numel for i in bucket)
@@ -315,6 +329,24 @@ class WeightSync:
         if expert_layout.expert_of(e.global_name) is not None:
             return expert_layout.local_expert_tensors(e.global_name, tensor, self.experts)
         return vllm_layout.megatron_shard_to_vllm(self.spec, e.global_name, tensor)
+
+
+def _copy_groups(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> list[tuple[list, list]]:
+    """The pairs split for ``torch._foreach_copy_``: its multi-tensor kernels take a list only
+    when every pair is dense with equal strides and one dtype, so those pairs go in one list
+    per dtype and the rest (strided q/k/v views, dtype casts) in a list it copies pair by pair."""
+    groups: dict[object, tuple[list, list]] = {}
+    for dst, src in zip(dsts, srcs, strict=True):
+        fast = dst.dtype == src.dtype and dst.is_contiguous() and src.is_contiguous()
+        d, s = groups.setdefault(dst.dtype if fast else "other", ([], []))
+        d.append(dst)
+        s.append(src)
+    return list(groups.values())
+
+
+def _storage_owner(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a view was taken of (itself if it is none)."""
+    return t._base if t._base is not None else t
 
 
 def _dominant_dtype(stage_entries: list[list[_Entry]]) -> torch.dtype:

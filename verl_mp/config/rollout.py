@@ -72,14 +72,16 @@ class RolloutConfig:
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""
     sleep_level: int = 1
-    """vLLM sleep level while training (1: offload weights, drop KV cache; 2: drop both, the
-    weight sync rewrites the weights: no copy to the CPU and back). GPU only. Not used with
-    ``keep_weights_on_gpu``."""
+    """vLLM sleep level while training. 1: its weights go to the CPU and come back, the KV
+    cache is dropped. 2: both are dropped and the sync rewrites the weights, nothing crosses
+    to the CPU (one 1.5B cycle of sleep, sync and waking the KV cache: 0.23 s against level
+    1's 0.39 s); a generation with no sync before it (validation, a greedy baseline) first
+    writes the actor's weights again. GPU only. Not used with ``keep_weights_on_gpu``."""
     keep_weights_on_gpu: bool = False
-    """Release only vLLM's KV cache while training; its weights stay on the GPU (the training
-    phases have that much less memory: `verl-mp plan` counts it). The sync then writes them
-    in place with nothing to wake or copy back, and generation wakes only the KV cache.
-    GPU only; for models whose rollout shard fits beside training."""
+    """Release only vLLM's KV cache while training; its weights stay on the GPU, so the
+    training phases have that much less memory (`verl-mp plan` counts it). Nothing is woken
+    or copied back for the sync (a 1.5B cycle: 0.21 s). GPU only; for models whose rollout
+    shard fits beside training."""
     expert_parallel: bool = False
     """Mixture-of-experts models: vLLM's expert parallelism (``enable_expert_parallel``): each
     rank holds whole experts, ``num_experts / (TP x DP)`` of them, instead of every expert

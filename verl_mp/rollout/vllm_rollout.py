@@ -100,6 +100,11 @@ class VLLMRollout:
         """`param_tensors`' answer, kept between syncs."""
         self._sleeping: set[str] = set()
         """vLLM memory tags now released (``weights``, ``kv_cache``); empty when fully awake."""
+        self._kv_released_here = False
+        """The KV cache was released by `_release_kv_cache` (kept weights), not by vLLM's sleep."""
+        self.weights_dropped = False
+        """A level-2 sleep dropped the weights and no sync has written them since: generating
+        now would use whatever the woken memory holds (the worker syncs first)."""
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
@@ -178,6 +183,7 @@ class VLLMRollout:
         """
 
         self._param_tensors = None  # vLLM's loader may put new parameter tensors in place
+        self.weights_dropped = False  # every parameter is written (the sync's contract)
 
         def reload(worker):
             if kernel_format:
@@ -199,7 +205,9 @@ class VLLMRollout:
         return self._param_tensors
 
     def weights_written(self) -> None:
-        """The parameters from `param_tensors` were rewritten: no cached prefix may outlive them."""
+        """The parameters from `param_tensors` were rewritten, all of them: no cached prefix may
+        outlive them."""
+        self.weights_dropped = False
         self.llm.reset_prefix_cache()
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -227,36 +235,39 @@ class VLLMRollout:
     def sleep(self) -> None:
         """Release vLLM's device memory (level ``rollout.sleep_level``; only the KV cache with
         ``rollout.keep_weights_on_gpu``). vLLM sleeps only a fully awake engine, so a partly
-        awake one (weights woken for a sync) wakes the rest first."""
+        awake one (weights woken for a sync) wakes the rest first. After level 2 the weights
+        are gone (`weights_dropped`) until a sync writes them."""
         if not torch.cuda.is_available():
             _log_once("vLLM sleep/wake is a no-op on CPU (no device memory to hand over)")
             return
-        if self.cfg.keep_weights_on_gpu:
-            if not self._sleeping:
-                self.llm.reset_prefix_cache()  # the cached blocks' contents go with the memory
-                self.llm.collective_rpc(_release_kv_cache)
-                self._sleeping = {"kv_cache"}
-            return
-        if self._sleeping == set(_SLEEP_TAGS):
-            return
+        if self._sleeping == set(_SLEEP_TAGS) or (self._kv_released_here and self._sleeping == {"kv_cache"}):
+            return  # asleep as far as it goes
         if self._sleeping:
-            self.llm.wake_up(tags=[t for t in _SLEEP_TAGS if t in self._sleeping])
+            self.wake_up()
+        if self.cfg.keep_weights_on_gpu:
+            self.llm.reset_prefix_cache()  # the cached blocks' contents go with the memory
+            self.llm.collective_rpc(_release_kv_cache)
+            self._sleeping, self._kv_released_here = {"kv_cache"}, True
+            return
         self.llm.sleep(level=self.cfg.sleep_level)
         self._sleeping = set(_SLEEP_TAGS)
+        self.weights_dropped = self.weights_dropped or self.cfg.sleep_level == 2
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Wake what is asleep of ``tags`` (all by default): ``["weights"]`` before a sync,
-        the rest (the KV cache) when generation starts."""
+        the rest (the KV cache) when generation starts. After a level-2 sleep the woken
+        weights hold nothing until a sync writes them (`weights_dropped`)."""
         if not torch.cuda.is_available():
             return
         wanted = [t for t in _SLEEP_TAGS if t in self._sleeping and (tags is None or t in tags)]
         if not wanted:
             return
-        if self.cfg.keep_weights_on_gpu:  # vLLM's engine never saw a sleep: the workers map the KV cache back
+        if self._kv_released_here:  # vLLM's engine never saw a sleep: the workers map the KV cache back
             self.llm.collective_rpc("wake_up", kwargs={"tags": wanted})
         else:
             self.llm.wake_up(tags=wanted)
         self._sleeping -= set(wanted)
+        self._kv_released_here = self._kv_released_here and bool(self._sleeping)
 
 
 def _named_parameters(worker) -> dict[str, torch.Tensor]:

@@ -41,9 +41,9 @@ class PhaseParts:
 
 
 @contextmanager
-def gc_seconds(into: dict[str, float], key: str) -> Iterator[None]:
-    """Add the seconds the garbage collector ran inside the block, and how many collections
-    of the oldest generation it made, to ``into[key]`` and ``into[key + "_full_collections"]``."""
+def gc_seconds(into: dict[str, float], key: str, full_key: str) -> Iterator[None]:
+    """Add the seconds the garbage collector ran inside the block to ``into[key]``, and how
+    many collections of the oldest generation it made to ``into[full_key]``."""
     started: list[float] = []
     total = [0.0, 0]
 
@@ -60,4 +60,4 @@ def gc_seconds(into: dict[str, float], key: str) -> Iterator[None]:
     finally:
         gc.callbacks.remove(callback)
         into[key] = into.get(key, 0.0) + total[0]
-        into[key + "_full_collections"] = into.get(key + "_full_collections", 0.0) + total[1]
+        into[full_key] = into.get(full_key, 0.0) + total[1]

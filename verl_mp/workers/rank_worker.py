@@ -86,20 +86,29 @@ class RankWorker:
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
-        parts = stopwatch.PhaseParts("generate")  # wake + engine + sleep (+ offload moves)
+        parts = stopwatch.PhaseParts("generate")
         start = time.time()
         with memory.tracked("generate", metrics):
-            with parts.part("wake"):
+            if getattr(rollout, "weights_dropped", False) and self.sync is not None:
+                # a level-2 sleep dropped vLLM's weights and no sync came since (validation, a greedy
+                # baseline): write the actor's (the weights vLLM held) before the actor leaves the GPU
+                with parts.part("resync"):
+                    rollout.wake_up(["weights"])
+                    push_weights(self.sync, rollout)
+            with parts.part("free"):
                 self._offload(self.actor)
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()  # blocks the update cached: vLLM's KV cache needs them back
+            with parts.part("wake"):
                 rollout.wake_up()
             metrics.update(memory.snapshot("generate", "awake"))
-            with parts.part("engine"), stopwatch.gc_seconds(metrics, "timing/generate_engine_gc_s"):
+            with parts.part("engine"), stopwatch.gc_seconds(metrics, "timing/generate_engine_gc_s",
+                                                             "perf/generate_engine_gc_full_collections"):
                 out = rollout.generate(prompt_ids, sampling, record_routing=record_routing)
             with parts.part("sleep"):
                 if self.actor is not None:  # a rollout on ranks of its own keeps its memory
                     rollout.sleep()
+            with parts.part("onload"):
                 self._onload(self.actor)
         out.metrics.update(metrics, **parts.metrics())
         out.wall_start, out.wall_end = start, time.time()

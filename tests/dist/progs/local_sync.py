@@ -129,6 +129,11 @@ def main() -> None:
             direct["direct_max_abs_diff"] = max(float((params[n] - want[n]).abs().nan_to_num(nan=float("inf")).max())
                                                 for n in want)  # an element never written stays NaN: inf
             direct["direct_bytes_synced"] = local_sync.last_stats.bytes_synced
+            try:  # a vLLM parameter no shard writes would keep stale weights: refused, named
+                local_sync.copy_into({**params, "model.extra.weight": torch.zeros(3)})
+                direct["direct_refuses_unwritten"] = False
+            except ValueError as e:
+                direct["direct_refuses_unwritten"] = "model.extra.weight" in str(e)
             # the plan is reused and reads the live parameters: a change shows in the next copy
             param = next(i.param for i in local_sync.infos if i.global_name.endswith("final_layernorm.weight"))
             if param is not None:

@@ -112,7 +112,6 @@ def check(path: str, parallel: ParallelConfig, vllm: str) -> dict:
         direct["direct_all_written"] = all(not t.isnan().any() for t in params.values())
     return {
         **row, **direct,
-        **row,
         "names_equal": sorted(got) == sorted(want),
         "missing": sorted(set(want) - set(got))[:5], "extra": sorted(set(got) - set(want))[:5],
         "max_abs_diff": max((float((got[n] - want[n]).abs().max()) if got[n].shape == want[n].shape
