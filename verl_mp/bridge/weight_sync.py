@@ -377,7 +377,7 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
         local = WeightSync(spec, chunks, state, bucket_mb, "local", experts=experts)
         reason = _agree(_shape_mismatch(local.planned_shapes(), rollout.param_shapes()))
     if reason is None:
-        params = rollout.param_tensors() if local.copies_directly and hasattr(rollout, "param_tensors") else None
+        params = _lent_params(local, rollout)
         if params is not None:
             local.plan_copies(params)  # now, not in the first step's sync
         logger.info("weight sync: local (rank-local shards into vLLM's parameters, %s, no TP gather)",
@@ -394,12 +394,17 @@ def push_weights(sync: WeightSync, rollout) -> None:
     """One whole sync into the colocated rollout engine of this process: straight into its
     parameters where the sync can (`WeightSync.copies_directly`) and the engine lends them
     (``param_tensors``), else streamed bucket by bucket through its ``load_weights``."""
-    params = rollout.param_tensors() if sync.copies_directly and hasattr(rollout, "param_tensors") else None
+    params = _lent_params(sync, rollout)
     if params is None:
         rollout.load_weights(sync.iter_weights(), kernel_format=sync.kernel_format)
         return
     sync.copy_into(params)
     rollout.weights_written()
+
+
+def _lent_params(sync: WeightSync, rollout) -> dict[str, torch.Tensor] | None:
+    """The engine's parameters where this sync can copy into them in place, else None."""
+    return rollout.param_tensors() if sync.copies_directly and hasattr(rollout, "param_tensors") else None
 
 
 def _agree(reason: str | None) -> str | None:

@@ -2,7 +2,7 @@
 
 A phase such as ``generate`` is more than the engine call (waking vLLM's memory, putting it
 back to sleep); `PhaseParts` times each part so that ``timing/generate_s`` can be compared
-with vLLM alone part by part. On a GPU a part can end with a device synchronisation, so
+with vLLM alone part by part. On a GPU each part ends with a device synchronisation, so
 that its time includes the kernels it queued (otherwise they would be billed to the next
 part). `gc_seconds` sums the collector's pauses inside a block: vLLM's scheduler runs in the
 training process, whose heap a full collection has to walk.
@@ -26,13 +26,13 @@ class PhaseParts:
         self.seconds: dict[str, float] = {}
 
     @contextmanager
-    def part(self, name: str, device_sync: bool = True) -> Iterator[None]:
-        """Time the block; ``device_sync``: wait for its device work first (GPU only)."""
+    def part(self, name: str) -> Iterator[None]:
+        """Time the block, its queued device work included (GPU)."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            if device_sync and torch.cuda.is_available():
+            if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
