@@ -325,8 +325,22 @@ case "$phase" in
   breakdown) run_breakdown ;;
   syncloop)  # after `stash`, carry .gpu-vllm/part2 + .whl: the sync in place vs through buckets, after each kind of
     # sleep, then the breakdown with the weights kept (no vLLM-alone run: SPEED_S=0 skips it)
-    setup_python; sync_after_sleep local,local_buckets awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;
+    setup_python; sync_after_sleep ${SYNC_MODES:-local,local_buckets} awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;
   validate) run_validate ;;
+  checks14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-02, sixth session): the sync after each kind of
+    # sleep (in place vs buckets), the GRPO-with-validation test at sleep level 2 and with the weights kept, then vLLM
+    # alone on breakdown's model and batch, 3 repeats (run `breakdown` right after, on the same machine)
+    setup_python; sync_after_sleep local,local_buckets awake,keep,level2
+    CUDA_VISIBLE_DEVICES=0 timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grpo_memory.py \
+      -k after_validation > "$OUT/after_validation.log" 2>&1; echo "after-validation GPU test rc=$?"
+    grep -E "passed|failed|Error|assert" "$OUT/after_validation.log" | cut -c1-600 | tail -8
+    python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
+num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, num_layers=28, num_heads=12, \
+intermediate_size=8960)"
+    CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-200} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
+      --prompts 256 --n 8 --max-new-tokens 1024 --repeats 3 --cases no_logprobs --warmup-prompts 32 \
+      --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
+    echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1 ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron

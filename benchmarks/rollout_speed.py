@@ -44,16 +44,20 @@ def prompts(num: int) -> list[list[int]]:
     return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
 
 
-def timed(fn, repeats: int, warmup=None) -> tuple[float, int]:
+TIMES: dict[str, list[dict]] = {}
+"""Every timed call of every case (tokens, seconds): the spread between repeats is part of the result."""
+
+
+def timed(fn, repeats: int, warmup=None, name: str = "") -> tuple[float, int]:
+    """Median tokens/s over ``repeats`` calls after one warm-up call."""
     (warmup or fn)()  # warm-up (``warmup``: a smaller batch, when the full one takes minutes)
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         tokens = fn()
         runs.append((time.perf_counter() - start, tokens))
-    seconds = statistics.median(r[0] for r in runs)
-    tokens = runs[0][1]
-    return tokens / seconds, tokens
+    TIMES[name] = [{"tokens": t, "seconds": round(s, 3), "tokens_per_s": round(t / s, 1)} for s, t in runs]
+    return statistics.median(t / s for s, t in runs), runs[0][1]
 
 
 def standalone(a) -> dict:
@@ -73,7 +77,7 @@ def standalone(a) -> dict:
             outs = llm.generate(prompts, params, use_tqdm=False)
             return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-        out[name] = timed(run, a.repeats, warmup=lambda run=run: run(prompts=batch[:a.warmup_prompts]))[0]
+        out[name] = timed(run, a.repeats, warmup=lambda run=run: run(prompts=batch[:a.warmup_prompts]), name=name)[0]
     return out
 
 
@@ -90,7 +94,7 @@ def project(a) -> dict:
     out = {}
     for name, logprobs in (("no_logprobs", False), ("logprobs", True)):
         sampling = SamplingConfig(n=a.n, max_new_tokens=a.max_new_tokens, logprobs=logprobs, seed=7)
-        out[name] = timed(lambda s=sampling: rollout.generate(batch, s).num_tokens, a.repeats)[0]
+        out[name] = timed(lambda s=sampling: rollout.generate(batch, s).num_tokens, a.repeats, name=name)[0]
     sampling = SamplingConfig(n=a.n, max_new_tokens=a.max_new_tokens, logprobs=False, seed=7)
 
     def after_wake():
@@ -124,6 +128,7 @@ def main() -> None:
     make_model(a.model, a.size)
     result = {"mode": a.mode, "prompts": a.prompts, "n": a.n, "max_new_tokens": a.max_new_tokens,
               "tokens_per_s": standalone(a) if a.mode == "standalone" else project(a)}
+    result["runs"] = TIMES
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)
     os._exit(0)  # vLLM's in-process engine has no clean shutdown

