@@ -162,3 +162,26 @@ def test_hf_rollout_backend_keeps_its_model(body_1_5b):
     weights = total_params(ModelDims.from_spec(spec)) * 2  # bf16, the whole model on the rank
     assert result.fits and not result.problems
     assert all(ph.parts["vllm"] == weights for ph in result.phases)
+
+
+def test_sync_in_place_needs_no_bucket(body_1_5b):
+    """One pipeline stage, ``local`` mode, the vocabulary split alike in Megatron and vLLM: the
+    sync copies every shard into vLLM's parameters (`WeightSync.copies_directly`, checked on
+    real tensors in tests/dist/test_weight_sync_local.py), so its phase holds no bucket."""
+    from dataclasses import replace
+
+    from verl_mp.planner.dims import ModelDims
+    from verl_mp.planner.rollout import sync_copies_in_place
+
+    base = [f"model.path={body_1_5b}", *ISSUE_21]
+    _, spec, auto = planned(base)  # TP 1: auto resolves to local
+    _, _, gather = planned([*base, "rollout.weight_sync_mode=gather"])
+    sync = {r: {ph.name: ph for ph in p.phases}["sync"] for r, p in (("auto", auto), ("gather", gather))}
+    assert sync["auto"].parts["work"] == 0
+    assert sync["gather"].parts["work"] >= 256 * 2**20  # one bucket at least
+    # the same rule as the dist test: one stage, and TP 1 or a vocabulary vLLM splits as Megatron does
+    dims = ModelDims.from_spec(spec)
+    for vocab, tp, pp, mode, expected in [(151936, 1, 1, "local", True), (151936, 2, 1, "local", True),
+                                          (311, 2, 1, "local", False), (311, 1, 1, "local", True),
+                                          (151936, 1, 2, "local", False), (151936, 1, 1, "gather", False)]:
+        assert sync_copies_in_place(replace(dims, vocab=vocab), tp, pp, mode) is expected, (vocab, tp, pp, mode)

@@ -13,7 +13,8 @@ Phases of one step on the actor's pool (the order of `verl_mp.trainer.loop`):
   parameters, gradients and optimizer state move to CPU while the rollout runs);
 - ``old_log_prob``, ``ref_log_prob``, ``values``: forward-only passes, vLLM asleep;
 - ``update_critic``, ``update_actor``: train steps (activations, LM head, optimizer step);
-- ``sync``: vLLM's weights awake (its KV cache still released) plus the sync bucket.
+- ``sync``: vLLM's weights awake (its KV cache still released) plus the sync bucket (none
+  where the sync copies in place).
 
 A critic on its own pool (``trainer.placement``) gets its own phases (pool ``critic``).
 A rollout on its own pool (``trainer.placement.roles.rollout``) leaves the actor's pool
@@ -290,7 +291,7 @@ def _sync_bytes(ctx: _Context, stage: int) -> int:
     the actor's rank 0 (pipeline stage 0)."""
     a, r = ctx.actor, ctx.cfg.rollout
     mode = "gather" if ctx.rollout_apart else ro.sync_mode(r.weight_sync_mode, a.layout.tp, r.tensor_model_parallel_size)
-    work = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, r.weight_sync_bucket_mb, a.p)
+    work = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, r.weight_sync_bucket_mb, a.p, a.layout.pp)
     if ctx.rollout_apart and stage == 0:
         work += ro.channel_send_bytes(a.dims, r.weight_sync_bucket_mb, a.p)
     return work

@@ -10,7 +10,9 @@ its weights only. With ``rollout.keep_weights_on_gpu`` the weights stay through 
 and only the KV cache is released.
 
 The sync (`verl_mp.bridge.weight_sync`) holds, beyond the rank's own shards, one bucket
-of ``rollout.weight_sync_bucket_mb`` plus, in ``gather`` mode, one TP-gathered tensor.
+of ``rollout.weight_sync_bucket_mb`` plus, in ``gather`` mode, one TP-gathered tensor;
+nothing where it copies in place (``local`` mode, one pipeline stage, the vocabulary split
+alike: `sync_copies_in_place`).
 
 A rollout on a pool of its own gets the weights over a channel
 (`verl_mp.bridge.transport`): the actor's rank 0 holds two send buffers (one bucket on the
@@ -112,7 +114,22 @@ def sync_mode(requested: str, train_tp: int, rollout_tp: int) -> str:
     return "local" if train_tp == rollout_tp else "gather"
 
 
-def sync_transient_bytes(d: ModelDims, train_tp: int, mode: str, bucket_mb: int, p: int) -> int:
+def sync_copies_in_place(d: ModelDims, train_tp: int, train_pp: int, mode: str) -> bool:
+    """`verl_mp.bridge.weight_sync.WeightSync.copies_directly` on a CUDA vLLM: ``local`` mode,
+    one pipeline stage, and vLLM's vocabulary rows per rank equal Megatron's (nothing gathered):
+    every shard is copied straight into its vLLM parameter, no bucket between."""
+    from verl_mp.bridge.vllm_layout import vllm_vocab_rows_per_rank
+
+    return mode == "local" and train_pp == 1 and \
+        (train_tp == 1 or vocab_rows(d, train_tp) == vllm_vocab_rows_per_rank(d.vocab, train_tp))
+
+
+def sync_transient_bytes(d: ModelDims, train_tp: int, mode: str, bucket_mb: int, p: int, train_pp: int = 1) -> int:
+    """The sync's own allocations beyond the shards: none when it copies in place, else one
+    bucket (or the largest tensor, which gets its own), plus the TP-gathered tensor in
+    ``gather`` mode."""
+    if sync_copies_in_place(d, train_tp, train_pp, mode):
+        return 0
     bucket = bucket_mb * 2**20
     if mode == "local":
         return max(bucket, largest_tensor_params(d, train_tp, gathered=False) * p)
