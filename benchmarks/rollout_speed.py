@@ -87,8 +87,8 @@ def project(a) -> dict:
     from verl_mp.rollout.vllm_rollout import VLLMRollout
 
     init_distributed()
-    cfg = RolloutConfig(dtype="bf16", max_model_len=a.max_new_tokens + 64,
-                        gpu_memory_utilization=a.gpu_memory_utilization)
+    cfg = RolloutConfig(dtype="bf16", max_model_len=a.max_new_tokens + 64, sleep_level=1,  # generates after a
+                        gpu_memory_utilization=a.gpu_memory_utilization)  # sleep with no sync: the weights must stay
     rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
     batch = prompts(a.prompts)
     out = {}

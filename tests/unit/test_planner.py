@@ -170,7 +170,7 @@ def test_sync_in_place_needs_no_bucket(body_1_5b):
     real tensors in tests/dist/test_weight_sync_local.py), so its phase holds no bucket."""
     from dataclasses import replace
 
-    from verl_mp.planner.dims import ModelDims
+    from verl_mp.planner.dims import Layout, ModelDims
     from verl_mp.planner.rollout import sync_copies_in_place
 
     base = [f"model.path={body_1_5b}", *ISSUE_21]
@@ -183,5 +183,14 @@ def test_sync_in_place_needs_no_bucket(body_1_5b):
     dims = ModelDims.from_spec(spec)
     for vocab, tp, pp, mode, expected in [(151936, 1, 1, "local", True), (151936, 2, 1, "local", True),
                                           (311, 2, 1, "local", False), (311, 1, 1, "local", True),
-                                          (151936, 1, 2, "local", False), (151936, 1, 1, "gather", False)]:
-        assert sync_copies_in_place(replace(dims, vocab=vocab), tp, pp, mode) is expected, (vocab, tp, pp, mode)
+                                          (151936, 1, 2, "local", False), (151936, 1, 1, "gather", False),
+                                          (311, 3, 1, "local", False)]:  # 320 rows do not split over 3: no crash
+        layout = Layout(tp=tp, pp=pp, dp=1)
+        assert sync_copies_in_place(replace(dims, vocab=vocab), layout, mode) is expected, (vocab, tp, pp, mode)
+    # experts only at one rank: other expert splits may fall back to a gather sync at run time
+    moe = ModelDims.from_spec(read_spec(write_config(body_1_5b.parent, "Qwen3-30B-A3B")))
+    assert sync_copies_in_place(moe, Layout(), "local")
+    assert not sync_copies_in_place(moe, Layout(tp=2, ep=2, etp=1), "local")
+    # the HF rollout backend takes full HF tensors: a gather sync, bucket and gathered tensor
+    _, _, hf = planned([*base, "rollout.backend=hf"])
+    assert {ph.name: ph for ph in hf.phases}["sync"].parts["work"] > 256 * 2**20

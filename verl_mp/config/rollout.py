@@ -71,14 +71,16 @@ class RolloutConfig:
     load_format: str = "auto"
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""
-    sleep_level: int = 2
-    """vLLM sleep level while training. 2: the weights and the KV cache are dropped and the
-    sync rewrites the weights, nothing crosses to the CPU (one 1.5B cycle of sleep, sync and
-    waking the KV cache: 0.23 s against level 1's 0.39 s); a generation with no sync before
-    it (validation, a greedy baseline) first writes the actor's weights again
-    (tests/gpu/test_grpo_memory.py). 1: the weights go to the CPU (pinned memory, as large as
-    the rollout's share of the model) and come back. GPU only. Not used with
-    ``keep_weights_on_gpu``."""
+    sleep_level: int | None = None
+    """vLLM sleep level while training; None: 2 for a dense model, 1 for a mixture of
+    experts. 2: the weights and the KV cache are dropped and the sync rewrites the weights,
+    nothing crosses to the CPU (one 1.5B cycle of sleep, sync and waking the KV cache: 0.23 s
+    against level 1's 0.39 s); a generation with no sync before it (validation, a greedy
+    baseline) first writes the actor's weights again (tests/gpu/test_grpo_memory.py). 1: the
+    weights go to the CPU (pinned memory, as large as the rollout's share of the model) and
+    come back. A mixture of experts stays at 1 until level 2 is checked on a GPU: vLLM 0.26
+    keeps its expert-parallel expert map in memory that a level-2 sleep drops and that no
+    sync rewrites. GPU only. Not used with ``keep_weights_on_gpu``."""
     keep_weights_on_gpu: bool = False
     """Release only vLLM's KV cache while training; its weights stay on the GPU, so the
     training phases have that much less memory (`verl-mp plan` counts it). Nothing is woken
@@ -131,7 +133,7 @@ class RolloutConfig:
             raise ValueError(f"rollout.routing_capture={self.routing_capture!r} is not one of {ROUTING_CAPTURE}")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
-        if self.sleep_level not in (1, 2):
+        if self.sleep_level not in (None, 1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level} must be 1 (offload the weights to the CPU) "
                              "or 2 (drop them; the weight sync rewrites them)")
 

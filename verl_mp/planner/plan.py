@@ -290,8 +290,9 @@ def _sync_bytes(ctx: _Context, stage: int) -> int:
     rollout on its own pool (always a ``gather`` sync there), the channel's send buffers on
     the actor's rank 0 (pipeline stage 0)."""
     a, r = ctx.actor, ctx.cfg.rollout
-    mode = "gather" if ctx.rollout_apart else ro.sync_mode(r.weight_sync_mode, a.layout.tp, r.tensor_model_parallel_size)
-    work = ro.sync_transient_bytes(a.dims, a.layout.tp, mode, r.weight_sync_bucket_mb, a.p, a.layout.pp)
+    apart_or_hf = ctx.rollout_apart or r.backend != "vllm"  # the HF backend loads full HF tensors only
+    mode = "gather" if apart_or_hf else ro.sync_mode(r.weight_sync_mode, a.layout.tp, r.tensor_model_parallel_size)
+    work = ro.sync_transient_bytes(a.dims, a.layout, mode, r.weight_sync_bucket_mb, a.p)
     if ctx.rollout_apart and stage == 0:
         work += ro.channel_send_bytes(a.dims, r.weight_sync_bucket_mb, a.p)
     return work

@@ -114,22 +114,29 @@ def sync_mode(requested: str, train_tp: int, rollout_tp: int) -> str:
     return "local" if train_tp == rollout_tp else "gather"
 
 
-def sync_copies_in_place(d: ModelDims, train_tp: int, train_pp: int, mode: str) -> bool:
+def sync_copies_in_place(d: ModelDims, layout: Layout, mode: str) -> bool:
     """`verl_mp.bridge.weight_sync.WeightSync.copies_directly` on a CUDA vLLM: ``local`` mode,
     one pipeline stage, and vLLM's vocabulary rows per rank equal Megatron's (nothing gathered):
-    every shard is copied straight into its vLLM parameter, no bucket between."""
+    every shard is copied straight into its vLLM parameter, no bucket between. Experts count
+    only at one rank (EP 1, TP 1); other expert splits may fall back to ``gather`` at run time
+    (`make_weight_sync`), so the plan keeps their bucket."""
     from verl_mp.bridge.vllm_layout import vllm_vocab_rows_per_rank
 
-    return mode == "local" and train_pp == 1 and \
-        (train_tp == 1 or vocab_rows(d, train_tp) == vllm_vocab_rows_per_rank(d.vocab, train_tp))
+    if mode != "local" or layout.pp != 1 or (d.moe is not None and (layout.tp, layout.ep) != (1, 1)):
+        return False
+    try:
+        return layout.tp == 1 or vocab_rows(d, layout.tp) == vllm_vocab_rows_per_rank(d.vocab, layout.tp)
+    except ValueError:  # vLLM cannot split this vocabulary at all (preflight says so)
+        return False
 
 
-def sync_transient_bytes(d: ModelDims, train_tp: int, mode: str, bucket_mb: int, p: int, train_pp: int = 1) -> int:
+def sync_transient_bytes(d: ModelDims, layout: Layout, mode: str, bucket_mb: int, p: int) -> int:
     """The sync's own allocations beyond the shards: none when it copies in place, else one
     bucket (or the largest tensor, which gets its own), plus the TP-gathered tensor in
     ``gather`` mode."""
-    if sync_copies_in_place(d, train_tp, train_pp, mode):
+    if sync_copies_in_place(d, layout, mode):
         return 0
+    train_tp = layout.tp
     bucket = bucket_mb * 2**20
     if mode == "local":
         return max(bucket, largest_tensor_params(d, train_tp, gathered=False) * p)

@@ -81,6 +81,8 @@ class VLLMRollout:
             kwargs.update(enable_expert_parallel=True)
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        self.sleep_level = cfg.sleep_level or (1 if moe else 2)
+        """`RolloutConfig.sleep_level` resolved: 2 for a dense model, 1 for a mixture of experts."""
         self.record_routing = record_routing
         self.vllm_capture = record_routing and cfg.routing_capture == "vllm"
         """vLLM's own routing capture (`RolloutConfig.routing_capture`), else the project's hooks."""
@@ -109,7 +111,7 @@ class VLLMRollout:
         """vLLM's prefix cache may hold blocks computed since the last reset (`_forget_prefixes`).
         Every call that runs the engine (`generate`, `score`) sets it."""
         self.prefix_cache_resets = 0
-        """How many times `_forget_prefixes` had vLLM reset its prefix cache."""
+        """How many times `_forget_prefixes` asked vLLM to reset its prefix cache."""
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
@@ -120,6 +122,7 @@ class VLLMRollout:
 
         if record_routing and not self.record_routing:
             raise ValueError("this rollout engine was started without routing capture (record_routing=False)")
+        self._check_weights()
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         params = [self._params(sampling, i) for i in mine]
@@ -151,6 +154,7 @@ class VLLMRollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_weights()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         seqs = [TokensPrompt(prompt_token_ids=list(p) + list(r)) for p, r in zip(prompt_ids, response_ids, strict=True)]
         self._prefixes_cached = True
@@ -160,6 +164,11 @@ class VLLMRollout:
             entries = out.prompt_logprobs[len(p): len(p) + len(r)]
             result.append([entry[tok].logprob for tok, entry in zip(r, entries, strict=True)])
         return result
+
+    def _check_weights(self) -> None:
+        if self.weights_dropped:
+            raise RuntimeError("vLLM's weights were dropped by a level-2 sleep (rollout.sleep_level=2) and no "
+                               "weight sync has written them since: sync (load_weights or push_weights) first")
 
     def _params(self, sampling: SamplingConfig, index: int):
         from vllm import SamplingParams
@@ -263,7 +272,7 @@ class VLLMRollout:
         return self.llm.collective_rpc(rank)[0]
 
     def sleep(self) -> None:
-        """Release vLLM's device memory (level ``rollout.sleep_level``; only the KV cache with
+        """Release vLLM's device memory (level `sleep_level`; only the KV cache with
         ``rollout.keep_weights_on_gpu``). vLLM sleeps only a fully awake engine, so a partly
         awake one (weights woken for a sync) wakes the rest first. After level 2 the weights
         are gone (`weights_dropped`) until a sync writes them."""
@@ -276,13 +285,16 @@ class VLLMRollout:
             self.wake_up()
         if self.cfg.keep_weights_on_gpu:
             self._forget_prefixes()  # the cached blocks' contents go with the memory
+            if self._prefixes_cached:
+                raise RuntimeError("vLLM kept cached prefix blocks (requests still running?): releasing the KV "
+                                   "cache now would leave them pointing at memory a later generation reads")
             self.llm.collective_rpc(_release_kv_cache)
             self._sleeping, self._kv_released_here = {"kv_cache"}, True
             return
-        self.llm.sleep(level=self.cfg.sleep_level)
+        self.llm.sleep(level=self.sleep_level)
         self._sleeping = set(_SLEEP_TAGS)
         self._prefixes_cached = False  # vLLM's sleep (level >= 1) resets the prefix cache itself (0.26-0.32)
-        self.weights_dropped = self.weights_dropped or self.cfg.sleep_level == 2
+        self.weights_dropped = self.weights_dropped or self.sleep_level == 2
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Wake what is asleep of ``tags`` (all by default): ``["weights"]`` before a sync,
