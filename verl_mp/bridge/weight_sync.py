@@ -365,7 +365,9 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     """Choose the sync mode (collectively: every rank takes the same one) and build it.
 
     ``auto`` takes ``local`` when it is possible on every rank, else ``gather``;
-    ``local`` raises a ValueError naming the reason when it is not possible.
+    ``local`` raises a ValueError naming the reason when it is not possible. Where the sync
+    copies in place, it runs once now (the rollout must be awake, as a new engine is), as
+    `benchmarks/weight_sync.py` warms up before it times.
     """
     if requested not in WEIGHT_SYNC_MODES:
         raise ValueError(f"rollout.weight_sync_mode={requested!r} is not one of {WEIGHT_SYNC_MODES}")
@@ -379,7 +381,11 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
     if reason is None:
         params = _lent_params(local, rollout)
         if params is not None:
-            local.plan_copies(params)  # now, not in the first step's sync
+            # the first copy now (vLLM is awake), not in step 1's sync: the plan and the copy kernels'
+            # first run (step 1 copied at 280 GB/s, step 2 at 865 on an H200). It writes the actor's
+            # weights: what vLLM loaded from the same checkpoint, or the real ones after load_format=dummy.
+            local.copy_into(params)
+            rollout.weights_written()
         logger.info("weight sync: local (rank-local shards into vLLM's parameters, %s, no TP gather)",
                     "one multi-tensor copy" if params is not None else "bucket by bucket")
         return local
