@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 import torch.distributed as dist
 
@@ -69,6 +70,27 @@ def main() -> None:
     p.add_argument("--config", required=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(p.parse_args().config)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """After a finished run (checkpoint saved, metrics and trackers closed, the rollout's shared
+    memory and the reward workers released): end the process without the interpreter's
+    teardown (vLLM's engine shutdown, multiprocessing managers joined, module and gloo
+    destructors: ~6 s per run on 2 cores, and nothing left to write). Children started
+    through multiprocessing hold this process's stderr; they are stopped first, or the
+    launcher would wait for the pipe to close."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=10)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
