@@ -379,15 +379,14 @@ def make_weight_sync(spec: GPTSpec, chunks: list, state: ParallelState, bucket_m
         local = WeightSync(spec, chunks, state, bucket_mb, "local", experts=experts)
         reason = _agree(_shape_mismatch(local.planned_shapes(), rollout.param_shapes()))
     if reason is None:
-        params = _lent_params(local, rollout)
-        if params is not None:
+        in_place = _lent_params(local, rollout) is not None
+        if in_place:
             # the first copy now (vLLM is awake), not in step 1's sync: the plan and the copy kernels'
             # first run (step 1 copied at 280 GB/s, step 2 at 865 on an H200). It writes the actor's
             # weights: what vLLM loaded from the same checkpoint, or the real ones after load_format=dummy.
-            local.copy_into(params)
-            rollout.weights_written()
+            push_weights(local, rollout)
         logger.info("weight sync: local (rank-local shards into vLLM's parameters, %s, no TP gather)",
-                    "one multi-tensor copy" if params is not None else "bucket by bucket")
+                    "one multi-tensor copy" if in_place else "bucket by bucket")
         return local
     if requested == "local":
         raise ValueError(f"rollout.weight_sync_mode=local is not possible: {reason}; "

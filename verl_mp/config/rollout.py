@@ -135,7 +135,8 @@ class RolloutConfig:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
         if self.sleep_level not in (None, 1, 2):
             raise ValueError(f"rollout.sleep_level={self.sleep_level} must be 1 (offload the weights to the CPU) "
-                             "or 2 (drop them; the weight sync rewrites them)")
+                             "or 2 (drop them; the weight sync rewrites them), or null (2 for a dense model, "
+                             "1 for a mixture of experts)")
 
 
 def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: int) -> int:
