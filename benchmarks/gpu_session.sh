@@ -324,8 +324,8 @@ case "$phase" in
   mfu) run_mfu ;;
   breakdown) run_breakdown ;;
   syncloop)  # after `stash`, carry .gpu-vllm/part2 + .whl: the sync in place vs through buckets, after each kind of
-    # sleep, then the breakdown with the weights kept (no vLLM-alone run: SPEED_S=0 skips it)
-    setup_python; sync_after_sleep ${SYNC_MODES:-local,local_buckets} awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;
+    # sleep (SYNC_MODES=none skips it), then the breakdown with the weights kept (SPEED_S=0 skips its vLLM-alone run)
+    setup_python; [ "${SYNC_MODES:-}" = none ] || sync_after_sleep ${SYNC_MODES:-local,local_buckets} awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;
   validate) run_validate ;;
   checks14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-02, sixth session): the sync after each kind of
     # sleep (in place vs buckets), the GRPO-with-validation test at sleep level 2 and with the weights kept, then vLLM

@@ -14,16 +14,22 @@ import logging
 import os
 import sys
 
-import torch.distributed as dist
+# No module-level torch import: processes that multiprocessing spawns (megatron's checkpoint
+# writer manager, the reward pool) import this module as their __main__ first; torch would cost
+# each of them ~2 s of start-up for nothing.
 
 
 def _broadcast(obj):
+    import torch.distributed as dist
+
     holder = [obj]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
 def run(config_path: str) -> None:
+    import torch.distributed as dist
+
     from verl_mp.config.loader import load_config
     from verl_mp.engine.runtime import init_distributed
     from verl_mp.plan import load_plan
