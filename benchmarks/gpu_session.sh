@@ -28,6 +28,8 @@
 #                  1.5B weight sync after each kind of sleep (wake + copy, as the loop's phase) vs awake.
 #   syncloop     : after `stash`, carry .gpu-vllm/part2 + .whl: the 1.5B sync in place (one multi-tensor copy) vs
 #                  through buckets after each kind of sleep, then `breakdown` with KEEP_WEIGHTS=true, SPEED_S=0.
+#   confirm14    : after `stash`, carry .gpu-vllm/part2 + .whl: the sync benchmark (awake, weights kept) and vLLM alone
+#                  3 times; then `SYNC_MODES=none KEEP_WEIGHTS=true GAP_FREQ=0 STEPS=4 syncloop` right after.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -339,6 +341,17 @@ num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=
 intermediate_size=8960)"
     CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-200} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
       --prompts 256 --n 8 --max-new-tokens 1024 --repeats 3 --cases no_logprobs --warmup-prompts 32 \
+      --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
+    echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1 ;;
+  confirm14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-02, seventh session): the kept-weights sync benchmark
+    # and vLLM alone (REPEATS, default 3) on breakdown's model and batch; then, right after on the same machine:
+    # SYNC_MODES=none KEEP_WEIGHTS=true GAP_FREQ=0 STEPS=4 syncloop
+    setup_python; sync_after_sleep local awake,keep
+    python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
+num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, num_layers=28, num_heads=12, \
+intermediate_size=8960)"
+    CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-300} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
+      --prompts 256 --n 8 --max-new-tokens 1024 --repeats ${REPEATS:-3} --cases no_logprobs --warmup-prompts 32 \
       --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
     echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1 ;;
   demo) shift; run_demo "$@" ;;
