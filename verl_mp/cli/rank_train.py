@@ -14,9 +14,9 @@ import logging
 import os
 import sys
 
-# No module-level torch import: processes that multiprocessing spawns (megatron's checkpoint
-# writer manager, the reward pool) import this module as their __main__ first; torch would cost
-# each of them ~2 s of start-up for nothing.
+# No module-level torch import: a process that multiprocessing spawns (megatron's checkpoint
+# writer starts a Manager at a rank's first save) imports this module as its __main__ first;
+# torch would cost it ~2 s of start-up for nothing.
 
 
 def _broadcast(obj):
