@@ -270,6 +270,17 @@ run_validate() {  # after `stash`, carry .gpu-vllm/part2 + .whl: the GPU checks 
   sync_after_sleep local awake,level1,level2,keep
 }
 
+standalone_repeats() {  # REPEATS TIMEOUT_S: vLLM alone on breakdown's model (the 1.5B body, tiny vocabulary) and batch
+  # (256 prompts x 8 x <= 1024 new tokens), REPEATS times in one process, each repeat kept
+  python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
+num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, num_layers=28, num_heads=12, \
+intermediate_size=8960)"
+  CUDA_VISIBLE_DEVICES=0 timeout "$2" python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
+    --prompts 256 --n 8 --max-new-tokens 1024 --repeats "$1" --cases no_logprobs --warmup-prompts 32 \
+    --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
+  echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1
+}
+
 sync_after_sleep() {  # MODES SLEEPS: the loop's weight-sync phase without the loop (1.5B shape, bucket 256 MB as the
   # loop's default): vLLM put to sleep (level 1, level 2, weights kept), then wake + copy, against never sleeping
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
@@ -336,24 +347,12 @@ case "$phase" in
     CUDA_VISIBLE_DEVICES=0 timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grpo_memory.py \
       -k after_validation > "$OUT/after_validation.log" 2>&1; echo "after-validation GPU test rc=$?"
     grep -E "passed|failed|Error|assert" "$OUT/after_validation.log" | cut -c1-600 | tail -8
-    python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
-num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, num_layers=28, num_heads=12, \
-intermediate_size=8960)"
-    CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-200} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
-      --prompts 256 --n 8 --max-new-tokens 1024 --repeats 3 --cases no_logprobs --warmup-prompts 32 \
-      --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
-    echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1 ;;
+    standalone_repeats 3 ${SPEED_S:-200} ;;
   confirm14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-02, seventh session): the kept-weights sync benchmark
     # and vLLM alone (REPEATS, default 3) on breakdown's model and batch; then, right after on the same machine:
     # SYNC_MODES=none KEEP_WEIGHTS=true GAP_FREQ=0 STEPS=4 syncloop
     setup_python; sync_after_sleep local awake,keep
-    python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
-num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, num_layers=28, num_heads=12, \
-intermediate_size=8960)"
-    CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-300} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
-      --prompts 256 --n 8 --max-new-tokens 1024 --repeats ${REPEATS:-3} --cases no_logprobs --warmup-prompts 32 \
-      --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
-    echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1 ;;
+    standalone_repeats ${REPEATS:-3} ${SPEED_S:-300} ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron
