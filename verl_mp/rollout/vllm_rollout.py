@@ -23,7 +23,7 @@ from verl_mp.config.rollout import (
     validate_moe_rollout,
     validate_rollout_layout,
 )
-from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm
+from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm, vllm_cpu_token_ranks
 from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.utils import shm
@@ -59,6 +59,7 @@ class VLLMRollout:
             vllm_cpu_shm.install()
             shm.sweep_stale()
             vllm_cpu_moe_reload.install()  # MoE expert weights re-packed after a weight sync
+            vllm_cpu_token_ranks.install()  # no inductor compile at the first generate with log-probs
         from vllm import LLM
 
         self.tp_size = cfg.tensor_model_parallel_size
