@@ -30,6 +30,10 @@
 #                  through buckets after each kind of sleep, then `breakdown` with KEEP_WEIGHTS=true, SPEED_S=0.
 #   confirm14    : after `stash`, carry .gpu-vllm/part2 + .whl: the sync benchmark (awake, weights kept) and vLLM alone
 #                  3 times; then `SYNC_MODES=none KEEP_WEIGHTS=true GAP_FREQ=0 STEPS=4 syncloop` right after.
+#   final14      : after `stash`, carry .gpu-vllm/part2 + .whl: what the memory readings cost, then the 256 x 8 x 1024
+#                  loop (weights kept, 3 steps) and vLLM alone 3 times on the loop's own first batch of prompts.
+#   sync14       : after `stash`, carry .gpu-vllm/part2 + .whl: the memory readings' cost, a short 1.5B loop with the
+#                  weights kept (its sync per step), then the sync benchmark (awake, kept) on the same machine.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -245,8 +249,10 @@ run_breakdown() {  # issue 14 item 4, after `stash`, carry .gpu-vllm/part2 + .wh
   echo "breakdown rc=$?"; grep -E "run failed|Error|error:" "$OUT/breakdown.log" | tail -3 | cut -c1-400
   cp "$OUT/breakdown/metrics.jsonl" "$OUT/breakdown_metrics.jsonl" 2>/dev/null
   python3 benchmarks/grpo_table.py "$OUT/breakdown_metrics.jsonl" 2>/dev/null
+  # vLLM alone on the loop's own first batch of prompts (SPEED_REPEATS times), or random ones (SAME_PROMPTS=0)
+  local same=(--data /tmp/bd_work/data/train.parquet); [ "${SAME_PROMPTS:-1}" = 0 ] && same=()
   [ "${SPEED_S:-170}" = 0 ] || CUDA_VISIBLE_DEVICES=0 timeout ${SPEED_S:-170} python3 benchmarks/rollout_speed.py --mode standalone --model /tmp/bd_work/model \
-    --prompts 256 --n 8 --max-new-tokens 1024 --repeats 1 --cases no_logprobs --warmup-prompts 32 \
+    --prompts 256 --n 8 --max-new-tokens 1024 --repeats ${SPEED_REPEATS:-1} --cases no_logprobs --warmup-prompts 32 "${same[@]}" \
     --out "$OUT/breakdown_standalone.json" > "$OUT/breakdown_standalone.log" 2>&1
   echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/breakdown_standalone.log" | tail -1
   python3 - "$OUT/breakdown_metrics.jsonl" <<'PY'
@@ -279,6 +285,26 @@ intermediate_size=8960)"
     --prompts 256 --n 8 --max-new-tokens 1024 --repeats "$1" --cases no_logprobs --warmup-prompts 32 \
     --out "$OUT/standalone_repeats.json" > "$OUT/standalone_repeats.log" 2>&1
   echo "standalone vLLM rc=$?"; grep -E '^[{]' "$OUT/standalone_repeats.log" | tail -1
+}
+
+memory_call_costs() {  # microseconds per call of the readings verl_mp.utils.memory takes, with 60 GiB allocated
+  CUDA_VISIBLE_DEVICES=0 timeout 60 python3 - <<'PY' 2>&1 | tail -3
+import time, torch
+held = torch.empty(60 * 2**30, dtype=torch.uint8, device="cuda")
+from verl_mp.utils.memory import _allocator_bytes
+calls = {"mem_get_info": torch.cuda.mem_get_info, "memory_allocated": torch.cuda.memory_allocated,
+         "memory_stats_as_nested_dict": torch.cuda.memory_stats_as_nested_dict, "verl_mp_allocator_bytes": _allocator_bytes,
+         "memory_reserved": torch.cuda.memory_reserved, "reset_peak_memory_stats": torch.cuda.reset_peak_memory_stats,
+         "max_memory_allocated": torch.cuda.max_memory_allocated, "synchronize": torch.cuda.synchronize}
+cost = {}
+for name, fn in calls.items():
+    fn()
+    start = time.perf_counter()
+    for _ in range(200):
+        fn()
+    cost[name] = round((time.perf_counter() - start) / 200 * 1e6, 1)
+print({"memory_call_us": cost})
+PY
 }
 
 sync_after_sleep() {  # MODES SLEEPS: the loop's weight-sync phase without the loop (1.5B shape, bucket 256 MB as the
@@ -353,6 +379,30 @@ case "$phase" in
     # SYNC_MODES=none KEEP_WEIGHTS=true GAP_FREQ=0 STEPS=4 syncloop
     setup_python; sync_after_sleep local awake,keep
     standalone_repeats ${REPEATS:-3} ${SPEED_S:-300} ;;
+  final14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-03): what the memory readings cost on this host,
+    # then the 256 x 8 x 1024 loop with the weights kept (STEPS, default 3) and vLLM alone on the loop's own first
+    # batch of prompts, SPEED_REPEATS (default 3) times
+    setup_python; memory_call_costs
+    STEPS=${STEPS:-3} GAP_FREQ=0 KEEP_WEIGHTS=true SPEED_REPEATS=${SPEED_REPEATS:-3} SPEED_S=${SPEED_S:-200} run_breakdown ;;
+  sync14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-03): the memory readings' cost and check, a short
+    # GRPO loop of the 1.5B body with the weights kept (its sync is the same 2.62 GB copy as at 256 x 8 x 1024), then the
+    # sync benchmark (awake, weights kept) on the same machine
+    setup_python; memory_call_costs
+    CUDA_VISIBLE_DEVICES=0 timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_memory_readings_gpu.py 2>&1 | tail -1
+    CUDA_VISIBLE_DEVICES=0 WORK=/tmp/bd_work SIZE=1.5b PROMPTS=32 N=4 MAX_NEW=128 MICRO=16 STEPS=${STEPS:-4} GAP_FREQ=0 \
+      timeout ${GRPO_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/sync14" rollout.sleep_level=2 rollout.keep_weights_on_gpu=true \
+      > "$OUT/sync14.log" 2>&1; echo "loop rc=$?"
+    cp "$OUT/sync14/metrics.jsonl" "$OUT/sync14_metrics.jsonl" 2>/dev/null
+    python3 - "$OUT/sync14_metrics.jsonl" <<'PY'
+import json, sys
+print("step | weight_sync_s | wake_s | load_s | GB | s/GB (phase) | s/GB (wake + load)")
+for r in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
+    if "timing/weight_sync_s" in r:
+        gb = r["rollout/sync_bytes"] / 1e9; parts = r["timing/weight_sync_wake_s"] + r["timing/weight_sync_load_s"]
+        print(r["step"], *(f"{v:.4f}" for v in (r["timing/weight_sync_s"], r["timing/weight_sync_wake_s"],
+              r["timing/weight_sync_load_s"], gb, r["timing/weight_sync_s"] / gb, parts / gb)), sep=" | ")
+PY
+    sync_after_sleep local awake,keep ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron

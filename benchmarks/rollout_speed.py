@@ -5,7 +5,8 @@ Modes (run each in a process of its own: two vLLM engines do not share a process
   with per-token log-probs (``logprobs=0``);
 - ``project``: `VLLMRollout.generate` without and with log-probs, and right after a
   ``sleep()`` + ``wake_up()`` (what every training step does).
-Each case: one warm-up call, then the median of ``--repeats`` calls; generated tokens/s.
+Each case: one warm-up call, then the median of ``--repeats`` calls; generated tokens/s. The
+prompts are random token ids, or with ``--data`` the first batch a GRPO run on that file draws.
 The loop's own generate phase is `timing/generate_tokens_per_s` of a GRPO run
 (benchmarks/gpu_session.sh runs one).
 
@@ -37,11 +38,25 @@ def make_model(path: str, size: str) -> str:
     return path
 
 
-def prompts(num: int) -> list[list[int]]:
-    import random
+def prompts(num: int, data: str | None = None, model: str | None = None) -> list[list[int]]:
+    """``num`` prompts: random token ids (16-47 each), or with ``data`` (a training parquet file)
+    the first batch a GRPO run on it draws (the run's default data seed and shuffle, its
+    prompt length 64 of benchmarks/gpu_grpo.sh), chat-templated with ``model``'s tokenizer as
+    the run does: the loop's step 1 and vLLM alone then generate for the same prompts."""
+    if data is None:
+        import random
 
-    rng = random.Random(0)
-    return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
+        rng = random.Random(0)
+        return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
+    from verl_mp.config.schema import DataConfig
+    from verl_mp.data.dataset import PromptDataset
+    from verl_mp.data.sampler import ResumableBatchSampler
+    from verl_mp.trainer.setup import load_tokenizer
+
+    dataset = PromptDataset(data, load_tokenizer(model), max_prompt_length=64)
+    defaults = DataConfig()
+    first = ResumableBatchSampler(len(dataset), num, seed=defaults.seed, shuffle=defaults.shuffle).next_batch()
+    return dataset.get_batch(first).input_ids
 
 
 TIMES: dict[str, list[dict]] = {}
@@ -66,7 +81,7 @@ def standalone(a) -> dict:
 
     llm = LLM(model=a.model, dtype="bfloat16", max_model_len=a.max_new_tokens + 64, seed=0,
               gpu_memory_utilization=a.gpu_memory_utilization, logprobs_mode="processed_logprobs")
-    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(a.prompts)]
+    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(a.prompts, a.data, a.model)]
     out = {}
     for name, logprobs in (("no_logprobs", None), ("logprobs", 0)):
         if name not in a.cases.split(","):
@@ -90,7 +105,7 @@ def project(a) -> dict:
     cfg = RolloutConfig(dtype="bf16", max_model_len=a.max_new_tokens + 64, sleep_level=1,  # generates after a
                         gpu_memory_utilization=a.gpu_memory_utilization)  # sleep with no sync: the weights must stay
     rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
-    batch = prompts(a.prompts)
+    batch = prompts(a.prompts, a.data, a.model)
     out = {}
     for name, logprobs in (("no_logprobs", False), ("logprobs", True)):
         sampling = SamplingConfig(n=a.n, max_new_tokens=a.max_new_tokens, logprobs=logprobs, seed=7)
@@ -121,6 +136,8 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default="no_logprobs,logprobs", help="standalone: which of no_logprobs,logprobs")
+    p.add_argument("--data", default=None, help="a training parquet file: its first GRPO batch as the prompts "
+                   "(default: random token ids)")
     p.add_argument("--warmup-prompts", type=int, default=None, help="standalone: warm up on this many prompts (all)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
