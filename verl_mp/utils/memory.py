@@ -50,13 +50,16 @@ def snapshot(phase: str, when: str, counters: dict[str, int] | None = None) -> d
 
 @contextmanager
 def tracked(phase: str, metrics: dict[str, float]):
-    """Record the memory before and after the block, and its peak allocation, in ``metrics``."""
+    """Record the memory before and after the block, and its peak allocation, in ``metrics``.
+    The block's queued device work finishes inside it: a phase's kernels (the optimizer step's
+    tail, say) are its own time, not the next phase's, and the readings after are settled."""
     if not torch.cuda.is_available():
         yield
         return
     metrics.update(snapshot(phase, "before"))
     torch.cuda.reset_peak_memory_stats()
     yield
+    torch.cuda.synchronize()
     after = _allocator_bytes()
     metrics[f"memory/{phase}/peak_allocated_gib"] = after["peak"] / GIB
     metrics.update(snapshot(phase, "after", after))
