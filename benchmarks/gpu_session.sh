@@ -383,7 +383,7 @@ case "$phase" in
     # then the 256 x 8 x 1024 loop with the weights kept (STEPS, default 3) and vLLM alone on the loop's own first
     # batch of prompts, SPEED_REPEATS (default 3) times
     setup_python; memory_call_costs
-    STEPS=${STEPS:-3} GAP_FREQ=0 KEEP_WEIGHTS=true SPEED_REPEATS=${SPEED_REPEATS:-3} SPEED_S=${SPEED_S:-200} run_breakdown ;;
+    STEPS=${STEPS:-3} GAP_FREQ=${GAP_FREQ:-0} KEEP_WEIGHTS=true SPEED_REPEATS=${SPEED_REPEATS:-3} SPEED_S=${SPEED_S:-200} run_breakdown ;;
   sync14)  # after `stash`, carry .gpu-vllm/part2 + .whl (2026-12-03): the memory readings' cost and check, a short
     # GRPO loop of the 1.5B body with the weights kept (its sync is the same 2.62 GB copy as at 256 x 8 x 1024), then the
     # sync benchmark (awake, weights kept) on the same machine
