@@ -71,7 +71,8 @@ def launch_local(
     """Run ``target`` (a module, or a script path with ``module=False``) on ``nproc`` ranks.
 
     Every ``preflight`` check runs first; a failing one raises before any process starts.
-    Raises ``subprocess.CalledProcessError`` if any rank fails and ``TimeoutError`` after
+    Raises ``subprocess.CalledProcessError`` if any rank fails (its note: the last 60 lines of
+    their stderr, where it was captured or logged) and ``TimeoutError`` after
     ``timeout_s`` (the whole process group is stopped then). ``stderr_log``: the ranks' and
     torchrun's output (stdout and stderr) is copied there as it streams to our stderr, and its
     last lines are the error's ``stderr``. torchrun dies with this process (SIGKILL included), and stops its
@@ -111,7 +112,10 @@ def launch_local(
         out, err = None, tail.finish()
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+        error = subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+        if err and err.strip():  # in the traceback, not only in the exception's stderr attribute
+            error.add_note("the ranks' last lines:\n" + "\n".join(err.strip().splitlines()[-60:]))
+        raise error
     return result
 
 
