@@ -30,6 +30,7 @@ from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.schema import CriticConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import destroy_parallel
 from verl_mp.workers.losses import critic_loss
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -205,6 +206,7 @@ def main():
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps(runner.results))
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

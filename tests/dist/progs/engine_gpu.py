@@ -18,6 +18,7 @@ from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import destroy_parallel
 from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -107,6 +108,7 @@ def main():
                    sdpa_vs_local_mean=mean_abs(lp_sdpa - lp_local, mask))
         Path(a.out).write_text(json.dumps(res))
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.engine.logprobs import vocab_parallel_log_probs
-from verl_mp.engine.runtime import local_device
+from verl_mp.engine.runtime import destroy_parallel, local_device
 from verl_mp.cli.rank_verify import token_batch
 from verl_mp.kernels import ENV_VAR
 
@@ -179,6 +179,7 @@ def main():
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps(res))
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from verl_mp.bridge.weight_sync import WeightSync
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import destroy_parallel
 from verl_mp.utils.memory import peak_allocated_bytes
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
@@ -171,6 +172,7 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump(results, f)
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import destroy_parallel
 
 ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3")
 ROUTER_LOSSES = MoEConfig(aux_loss_coeff=0.1, z_loss_coeff=0.01)
@@ -163,6 +164,7 @@ def main():
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps(runner.results))
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from verl_mp.config.parallel import ParallelConfig
 from verl_mp.demo.tiny_models import TINY_MOE_MODELS
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import destroy_parallel
 from verl_mp.rollout.types import ExpertLayout, expert_slot
 
 _PREFIX = {"MixtralForCausalLM": "block_sparse_moe"}
@@ -145,6 +146,7 @@ def main() -> None:
         with open(a.out, "w") as f:
             json.dump(results, f)
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":

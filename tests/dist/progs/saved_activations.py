@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.engine import model as engine_model
-from verl_mp.engine.runtime import initialize_parallel
+from verl_mp.engine.runtime import destroy_parallel, initialize_parallel
 from verl_mp.kernels import ENV_VAR
 from verl_mp.models.spec import GPTSpec
 
@@ -103,6 +103,7 @@ def main():
     if dist.get_rank() == 0:
         Path(args.out).write_text(json.dumps(res))
     dist.barrier()
+    destroy_parallel()  # a rank that exits with gloo's threads alive can abort ("terminate called ...")
 
 
 if __name__ == "__main__":
