@@ -34,6 +34,8 @@
 #                  loop (weights kept, 3 steps) and vLLM alone 3 times on the loop's own first batch of prompts.
 #   sync14       : after `stash`, carry .gpu-vllm/part2 + .whl: the memory readings' cost, a short 1.5B loop with the
 #                  weights kept (its sync per step), then the sync benchmark (awake, kept) on the same machine.
+#   moe_experts  : carry .whl only: benchmarks/moe_experts.py, the routed experts as grouped GEMMs vs SequentialMLP
+#                  (one experts module, then the MoE body's engine train step); ~3 min.
 #   mfu          : carry .whl only (issue 14 item 2): benchmarks/attention_kernels.py, then train_mfu.py
 #                  (VARIANTS, default 4:none,4:none:noent,2:none) profiled, with the allocations live at its peak.
 #   main / train : the colocated sync tests and the weight-sync benchmark; the kernel test.
@@ -403,6 +405,13 @@ for r in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
               r["timing/weight_sync_load_s"], gb, r["timing/weight_sync_s"] / gb, parts / gb)), sep=" | ")
 PY
     sync_after_sleep local awake,keep ;;
+  moe_experts)  # carry .whl only (2026-12-03): routed experts as grouped GEMMs (moe.grouped_gemm) vs megatron's
+    # SequentialMLP: one experts module (two shapes, even and skewed load), then the MoE body's train step each way
+    setup_megatron
+    CUDA_VISIBLE_DEVICES=0 timeout ${MOE_S:-400} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+      benchmarks/moe_experts.py --out "$OUT/moe_experts.json" > "$OUT/moe_experts.log" 2>&1; echo "moe_experts rc=$?"
+    grep -E "Error|error:" "$OUT/moe_experts.log" | tail -3 | cut -c1-400
+    sed -n '/^shape | skewed/,$p' "$OUT/moe_experts.log" ;;
   demo) shift; run_demo "$@" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron

@@ -29,6 +29,12 @@ class MoEConfig:
     num_experts`` assignments per micro-batch (lowest router probabilities dropped). None:
     nothing is dropped, as in the HF models and vLLM."""
 
+    grouped_gemm: bool = True
+    """Compute a rank's routed experts as one grouped GEMM per projection
+    (`verl_mp.models.grouped_experts`: ``torch._grouped_mm``, CUTLASS on Hopper for bf16) instead
+    of megatron's loop of one small MLP per expert (SequentialMLP). Same parameters, checkpoint
+    keys and math; false runs megatron's loop (the reference path)."""
+
     expert_bias_update_rate: float = 0.0
     """Sigmoid routers with an expert bias (DeepSeek-V3's ``e_score_correction_bias``): after
     each step megatron moves every expert's bias by this much towards balance (``+rate`` if the

@@ -59,7 +59,8 @@ class MegatronEngine:
         self.tf_config = model.transformer_config(
             self.spec, config.parallel, config.dtype, moe=config.moe, swiglu_module=self.backend == "sdpa",
             **model.recompute_settings(config.recompute, config.recompute_modules, config.recompute_num_layers))
-        chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend)
+        chunks = model.build_gpt_chunks(self.spec, self.tf_config, self.state, backend=self.backend,
+                                         grouped_experts=config.moe.grouped_gemm)
         self.moe = MoERuntime(self.spec, config.moe, self.tf_config, chunks, self.state) if self.spec.moe else None
         self.optimizer = self.scheduler = None
         if config.trainable:

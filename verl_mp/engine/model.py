@@ -115,12 +115,13 @@ def mla_config_kwargs(spec: GPTSpec) -> dict:
 
 
 def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=None,
-                     backend: str = "local") -> list:
+                     backend: str = "local", grouped_experts: bool = False) -> list:
     """One GPTModel per virtual pipeline chunk on this rank (one chunk without VPP).
 
     ``backend`` picks the layer spec (`verl_mp.models.layer_spec`) unless ``layer_spec`` is
     given. Rotary frequencies follow ``spec``'s rope type (`verl_mp.models.rope`); with
-    ``spec.value_head`` the output layer is a `ValueHead` (critic).
+    ``spec.value_head`` the output layer is a `ValueHead` (critic). ``grouped_experts``: MoE
+    layers compute their experts as grouped GEMMs (`verl_mp.models.grouped_experts`).
     """
     from megatron.core import parallel_state as mps
     from megatron.core.models.gpt import GPTModel
@@ -141,7 +142,7 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
             chunks.append(
                 GPTModel(
                     config=config,
-                    transformer_layer_spec=layer_spec or decoder_block_spec(spec, config, backend, vp),
+                    transformer_layer_spec=layer_spec or decoder_block_spec(spec, config, backend, vp, grouped_experts),
                     vocab_size=padded_vocab_size(spec.vocab_size, state.tp_size),
                     max_sequence_length=spec.max_position_embeddings,
                     pre_process=mps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),

@@ -185,7 +185,7 @@ def _own_attention_spec(spec: GPTSpec):
     )
 
 
-def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False):
+def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False, grouped_experts: bool = False):
     """One decoder layer of the ``sdpa`` backend; ``moe_layer``: the MoE MLP, else a dense one.
 
     ``swiglu_module`` (``config.use_te_activation_func``, see `verl_mp.engine.model`): the
@@ -201,7 +201,7 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False)
         TransformerLayerSubmodules,
     )
 
-    mlp = _moe_mlp_spec(spec, swiglu_module) if moe_layer else ModuleSpec(
+    mlp = _moe_mlp_spec(spec, swiglu_module, grouped_experts) if moe_layer else ModuleSpec(
         module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear,
                                              activation_func=SwiGLU if swiglu_module else None))
     attention = _own_attention_spec(spec)
@@ -221,10 +221,11 @@ def _own_layer_spec(spec: GPTSpec, moe_layer: bool, swiglu_module: bool = False)
     )
 
 
-def _moe_mlp_spec(spec: GPTSpec, swiglu_module: bool = False):
+def _moe_mlp_spec(spec: GPTSpec, swiglu_module: bool = False, grouped_experts: bool = False):
     """megatron's MoELayer with local linears: TopKRouter, SequentialMLP experts (one MLP per
-    local expert, no grouped GEMM), and a SharedExpertMLP when the model has one; with
-    ``swiglu_module`` every expert's (and the shared expert's) activation is `SwiGLU`."""
+    local expert; `GroupedExperts` with ``grouped_experts``: the same parameters as grouped
+    GEMMs), and a SharedExpertMLP when the model has one; with ``swiglu_module`` every expert's
+    (and the shared expert's) activation is `SwiGLU`."""
     from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec_for_backend
 
@@ -233,11 +234,30 @@ def _moe_mlp_spec(spec: GPTSpec, swiglu_module: bool = False):
             return SwiGLU
 
     provider = SwiGLUSpecProvider() if swiglu_module else LocalSpecProvider()
-    return get_moe_module_spec_for_backend(provider, num_experts=spec.moe.num_experts, moe_grouped_gemm=False)
+    moe_spec = get_moe_module_spec_for_backend(provider, num_experts=spec.moe.num_experts, moe_grouped_gemm=False)
+    return with_grouped_experts(moe_spec) if grouped_experts else moe_spec
 
 
-def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None):
-    """The ``transformer_layer_spec`` argument of GPTModel for this rank's chunk."""
+def with_grouped_experts(layer_spec):
+    """``layer_spec`` (a MoE MLP's, a decoder layer's, or a block's of either) with its
+    SequentialMLP experts replaced by `GroupedExperts` (same parameters), in place."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+
+    from verl_mp.models.grouped_experts import GroupedExperts
+
+    specs = getattr(layer_spec, "layer_specs", None) or [layer_spec]
+    for one in specs:
+        mlp = getattr(one.submodules, "mlp", one)  # a decoder layer's MLP, or a MoE MLP's spec itself
+        experts = getattr(getattr(mlp, "submodules", None), "experts", None)
+        if experts is not None and experts.module is SequentialMLP:
+            experts.module = GroupedExperts
+    return layer_spec
+
+
+def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None = None,
+                       grouped_experts: bool = False):
+    """The ``transformer_layer_spec`` argument of GPTModel for this rank's chunk
+    (``grouped_experts``: MoE layers run `GroupedExperts`)."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_layer_local_spec,
@@ -268,12 +288,15 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
                              "spec needs transformer-engine's attention); use 'sdpa'")
         if spec.moe is not None and spec.moe.first_dense_layers:
             # megatron's per-layer local specs: moe_layer_freq picks dense or MoE per layer
-            return get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm",
-                                              vp_stage=vp_stage)
-        return get_gpt_layer_local_spec(num_experts=spec.moe.num_experts if spec.moe else None,
-                                        moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
+            block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm",
+                                               vp_stage=vp_stage)
+            return with_grouped_experts(block) if grouped_experts else block
+        layer = get_gpt_layer_local_spec(num_experts=spec.moe.num_experts if spec.moe else None,
+                                         moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
+        return with_grouped_experts(layer) if grouped_experts and spec.moe else layer
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     layers = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
     specs = [_own_layer_spec(spec, moe_layer=spec.moe is not None and spec.moe.is_moe_layer(i),
-                             swiglu_module=config.use_te_activation_func) for i in layers]
+                             swiglu_module=config.use_te_activation_func, grouped_experts=grouped_experts)
+             for i in layers]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)

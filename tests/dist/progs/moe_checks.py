@@ -17,6 +17,11 @@ Checks (``--checks``, comma separated):
 - ``critic``: a Qwen2-MoE critic (value head on the MoE body, router losses on): values of a
   fixed batch, one value-loss step, the values after it, its HF export
   (``*ForTokenClassification``) and the values of a critic engine loaded from that export.
+- ``grouped``: `GroupedExperts` (``moe.grouped_gemm``, the default) against megatron's
+  SequentialMLP: a Qwen2-MoE and a DeepSeek-V3 actor each built both ways from the same HF
+  weights (log-probs, one train step, log-probs after it), and one experts module called
+  directly both ways with uneven and empty token counts, fp32 and bf16 (outputs and
+  gradients).
 - ``replay``: routing replay on Qwen3-MoE and Qwen2-MoE (padded micro-batches, and packed
   token-budget ones): the recorded natural routing, log-probs replaying it, log-probs and
   recorded routing when replaying `forced_routing` of it, and the routing a train step used
@@ -133,6 +138,22 @@ class Runner:
         self.results["critic"] = dict(before=before.tolist(), after=after.tolist(), reloaded=reloaded.tolist(),
                                       metrics=metrics)
 
+    def check_grouped(self):
+        from megatron.core.transformer.moe.experts import SequentialMLP
+
+        from verl_mp.models.grouped_experts import GroupedExperts
+
+        out = self.results.setdefault("grouped", {})
+        for arch in ("qwen2_moe", "deepseek_v3"):
+            for grouped in (True, False):
+                engine = self.engine(arch, role="actor", moe=MoEConfig(aux_loss_coeff=0.1, grouped_gemm=grouped))
+                experts = [m for c in engine.chunks for m in c.modules() if isinstance(m, SequentialMLP)]
+                out[f"{arch}_{grouped}"] = dict(
+                    before=self.lp(engine).tolist(), **self.step(engine, 1),
+                    grouped_modules=sum(type(m) is GroupedExperts for m in experts), expert_modules=len(experts))
+                if grouped and arch == "qwen2_moe":
+                    out["direct"] = direct_calls(experts[0])
+
     def check_resume(self):
         engine = self.engine("qwen2_moe", role="actor")
         engine.load_checkpoint(str(Path(self.a.work) / "ckpt"))
@@ -143,6 +164,54 @@ def forced_routing(routing: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Every token's experts shifted by one (``e -> (e + 1) % E``: still k distinct experts),
     -1 kept: a routing the model would not choose."""
     return torch.where(routing >= 0, (routing + 1) % num_experts, routing)
+
+
+class _AsSequential(torch.nn.Module):
+    """``inner`` (a `GroupedExperts`) run by megatron's SequentialMLP.forward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        from megatron.core.transformer.moe.experts import SequentialMLP
+
+        return SequentialMLP.forward(self.inner, *args)
+
+
+def direct_calls(module) -> dict:
+    """``module`` (a `GroupedExperts`) called as itself and as SequentialMLP on the same
+    inputs, with detached copies of its weights (``functional_call``: the engine's gradient
+    hooks stay untouched): max |difference| of the output and of the input and weight
+    gradients, per case."""
+    n, hidden = module.num_local_experts, module.local_experts[0].linear_fc2.weight.shape[0]
+    counts = {"uneven": [5, 11] + [3] * (n - 2), "first_empty": [0, 9] + [2] * (n - 2),
+              "all_in_last": [0] * (n - 1) + [13], "no_tokens": [0] * n}
+    out = {}
+    for dtype, dtype_name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for name, tokens in counts.items():
+            g = torch.Generator().manual_seed(len(out))
+            x = torch.randn(sum(tokens), hidden, generator=g).to(dtype)
+            probs = torch.rand(sum(tokens), generator=g)
+            per_expert = torch.tensor(tokens)
+            results = []
+            for runner, prefix in ((module, ""), (_AsSequential(module), "inner.")):
+                weights = {prefix + k: p.detach().clone().to(dtype).requires_grad_()
+                           for k, p in module.named_parameters()}
+                xi = x.clone().requires_grad_()
+                y, _ = torch.func.functional_call(runner, weights, (xi, per_expert, probs))
+                (y.float() * torch.linspace(-1, 1, hidden)).sum().backward()
+                grads = [torch.zeros_like(w) if w.grad is None else w.grad for w in weights.values()]
+                results.append((y.detach().float(), xi.grad.float(), [gr.float() for gr in grads]))
+            (y1, x1, w1), (y2, x2, w2) = results
+            out[f"{dtype_name}_{name}"] = dict(
+                grouped_path=bool(module.grouped_applies(x)), rows=int(y1.shape[0]),
+                out=float((y1 - y2).abs().max()) if y1.numel() else 0.0,
+                out_scale=float(y2.abs().max()) if y2.numel() else 0.0,
+                grad_x=float((x1 - x2).abs().max()) if x1.numel() else 0.0,
+                grad_w=max(float((a - b).abs().max()) for a, b in zip(w1, w2)),
+                grad_w_scale=max(float(b.abs().max()) for b in w2))
+    return out
 
 
 def main():

@@ -1,0 +1,86 @@
+"""A rank's routed experts as two grouped GEMMs per MoE layer (``moe.grouped_gemm``).
+
+megatron-core's ``SequentialMLP`` runs one small MLP per local expert: with E local experts
+that is 2E matmuls per layer, each a kernel launch with a host sync for the split sizes,
+and on GPUs a poor fit when the experts' token counts are uneven. megatron's own
+alternatives need transformer-engine (``TEGroupedMLP``) or the ``grouped_gemm`` package
+(``GroupedMLP``, another parameter layout). `GroupedExperts` keeps SequentialMLP's
+parameters, names, checkpoint keys and expert-parallel sharding (``local_experts.<i>.
+linear_fc{1,2}.weight``: the HF converter, the weight sync and checkpoints see no change)
+and computes all local experts with ``torch._grouped_mm`` (CUTLASS grouped GEMM for bf16 on
+Hopper/Blackwell; a loop of matmuls elsewhere, CPU included):
+
+    h = grouped_mm(x, stack(W1_e)^T, offs)        # [tokens, 2F]  (fc1, every expert at once)
+    a = glu(h) * prob                             # megatron MLP's activation and scaling
+    y = grouped_mm(a, stack(W2_e)^T, offs)        # [tokens, H]
+
+``offs`` are the cumulative token counts per local expert (the dispatcher sorts tokens by
+expert). The expert linears never communicate inside the experts module (megatron's
+dispatcher gathers and reduces around it), so this is the same math as SequentialMLP; the
+stack copies the local expert weights once per forward (autograd splits the gradient back
+to each expert's parameter).
+
+Falls back to SequentialMLP's loop where the grouped kernel does not apply: biases, fp8/fp4,
+a latent projection, fused bias-activation kernels, or dimensions whose rows are not 16-byte
+aligned (the kernel's requirement).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.transformer.moe.experts import SequentialMLP
+
+_ALIGN_BYTES = 16
+
+
+def grouped_mm(x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``x[rows of group g] @ weights[g]`` for every group, rows grouped by ``offs`` (the
+    cumulative row counts, int32); ``weights``: ``[G, K, N]``."""
+    return torch._grouped_mm(x, weights, offs=offs)
+
+
+class GroupedExperts(SequentialMLP):
+    """SequentialMLP with the same parameters, computed as grouped GEMMs (module doc)."""
+
+    def grouped_applies(self, hidden: torch.Tensor) -> bool:
+        """Whether this call can take the grouped path (else SequentialMLP's loop)."""
+        cfg = self.config
+        if cfg.add_bias_linear or cfg.fp8 or cfg.fp4 or getattr(cfg, "moe_latent_size", None) is not None:
+            return False
+        if cfg.bias_activation_fusion and not cfg.use_te_activation_func:
+            return False
+        if not hasattr(torch, "_grouped_mm") or hidden.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return False
+        fc1 = self.local_experts[0].linear_fc1.weight
+        fc2 = self.local_experts[0].linear_fc2.weight
+        dims = (hidden.shape[-1], fc1.shape[0], fc2.shape[1], fc2.shape[0])
+        return all(d * hidden.element_size() % _ALIGN_BYTES == 0 for d in dims)
+
+    def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
+                permuted_probs: torch.Tensor):
+        hidden, probs = permuted_local_hidden_states, permuted_probs
+        if self.num_local_experts == 1 or not self.grouped_applies(hidden):
+            return super().forward(hidden, tokens_per_expert, probs)
+        if self.config.moe_apply_probs_on_input:  # as SequentialMLP: scale the input, not the output
+            hidden = (probs.unsqueeze(-1) * hidden).to(hidden.dtype)
+            probs = torch.ones_like(probs)
+        offs = torch.cumsum(tokens_per_expert.to(device=hidden.device), 0).to(torch.int32)
+        fc1 = torch.stack([e.linear_fc1.weight for e in self.local_experts]).transpose(1, 2)
+        fc2 = torch.stack([e.linear_fc2.weight for e in self.local_experts]).transpose(1, 2)
+        intermediate = grouped_mm(hidden, fc1, offs)
+        intermediate = self._activation(intermediate, probs)
+        return grouped_mm(intermediate, fc2, offs), None
+
+    def _activation(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        """megatron MLP's activation and per-token scaling (its unfused path; `MLP.forward`)."""
+        cfg = self.config
+        if cfg.use_te_activation_func:  # the layer spec's activation module, on the whole fc1 output
+            x = self.local_experts[0].activation_func(x)
+        elif cfg.gated_linear_unit:
+            gate, linear = torch.chunk(x, 2, dim=-1)
+            if (clamp := cfg.activation_func_clamp_value) is not None:
+                gate, linear = gate.clamp(max=clamp), linear.clamp(min=-clamp, max=clamp)
+            x = cfg.activation_func(gate) * (linear + cfg.glu_linear_offset)
+        else:
+            x = cfg.activation_func(x)
+        return (x * probs.unsqueeze(-1)).to(x.dtype)
