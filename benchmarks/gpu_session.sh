@@ -408,6 +408,8 @@ PY
   moe_experts)  # carry .whl only (2026-12-03): routed experts as grouped GEMMs (moe.grouped_gemm) vs megatron's
     # SequentialMLP: one experts module (two shapes, even and skewed load), then the MoE body's train step each way
     setup_megatron
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_grouped_experts_gpu.py \
+      2>&1 | grep -E "error vs fp32|passed|failed|Error" | cut -c1-300 | sort -u | head -12
     CUDA_VISIBLE_DEVICES=0 timeout ${MOE_S:-400} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
       benchmarks/moe_experts.py --out "$OUT/moe_experts.json" > "$OUT/moe_experts.log" 2>&1; echo "moe_experts rc=$?"
     grep -E "Error|error:" "$OUT/moe_experts.log" | tail -3 | cut -c1-400

@@ -40,7 +40,7 @@ DTYPE = "bf16"
 
 def sync() -> None:
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 def model_dir(root: Path, shape: dict, layers: int) -> str:

@@ -16,9 +16,13 @@ Hopper/Blackwell; a loop of matmuls elsewhere, CPU included):
 
 ``offs`` are the cumulative token counts per local expert (the dispatcher sorts tokens by
 expert). The expert linears never communicate inside the experts module (megatron's
-dispatcher gathers and reduces around it), so this is the same math as SequentialMLP; the
-stack copies the local expert weights once per forward (autograd splits the gradient back
-to each expert's parameter).
+dispatcher gathers and reduces around it), so this is the same math as SequentialMLP.
+
+`GroupedLinear` saves the input and the expert parameters themselves for the backward, not
+the stacked copy: the stack is a transient of the forward (and again of the backward), so a
+micro-batch in flight holds no extra copy of the rank's expert weights. The backward is two
+grouped GEMMs too: ``dx = grouped_mm(dy, stack(W), offs)`` and the weight gradients
+``dW_e = dy_e^T x_e`` as one GEMM grouped along the tokens.
 
 Falls back to SequentialMLP's loop where the grouped kernel does not apply: biases, fp8/fp4,
 a latent projection, fused bias-activation kernels, or dimensions whose rows are not 16-byte
@@ -37,6 +41,28 @@ def grouped_mm(x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> to
     """``x[rows of group g] @ weights[g]`` for every group, rows grouped by ``offs`` (the
     cumulative row counts, int32); ``weights``: ``[G, K, N]``."""
     return torch._grouped_mm(x, weights, offs=offs)
+
+
+class GroupedLinear(torch.autograd.Function):
+    """``y[rows of expert e] = x[rows of expert e] @ W_e^T`` for weights in ``nn.Linear``'s
+    ``[out, in]`` layout; saves ``x`` and the weights, not their stack (module doc)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, offs: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, offs, *weights)
+        return grouped_mm(x, torch.stack(weights).transpose(1, 2), offs)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, offs, *weights = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_x = grouped_mm(grad_out, torch.stack(weights), offs) if ctx.needs_input_grad[0] else None
+        if not any(ctx.needs_input_grad[2:]):
+            return grad_x, None, *([None] * len(weights))
+        grad_w = torch._grouped_mm(grad_out.t(), x, offs=offs)  # [experts, out, in], grouped along the tokens
+        empty = torch.diff(offs, prepend=offs.new_zeros(1)) == 0  # an expert without tokens: exactly 0
+        grad_w.masked_fill_(empty[:, None, None], 0)
+        return grad_x, None, *grad_w.unbind(0)
 
 
 class GroupedExperts(SequentialMLP):
@@ -65,11 +91,9 @@ class GroupedExperts(SequentialMLP):
             hidden = (probs.unsqueeze(-1) * hidden).to(hidden.dtype)
             probs = torch.ones_like(probs)
         offs = torch.cumsum(tokens_per_expert.to(device=hidden.device), 0).to(torch.int32)
-        fc1 = torch.stack([e.linear_fc1.weight for e in self.local_experts]).transpose(1, 2)
-        fc2 = torch.stack([e.linear_fc2.weight for e in self.local_experts]).transpose(1, 2)
-        intermediate = grouped_mm(hidden, fc1, offs)
+        intermediate = GroupedLinear.apply(hidden, offs, *(e.linear_fc1.weight for e in self.local_experts))
         intermediate = self._activation(intermediate, probs)
-        return grouped_mm(intermediate, fc2, offs), None
+        return GroupedLinear.apply(intermediate, offs, *(e.linear_fc2.weight for e in self.local_experts)), None
 
     def _activation(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """megatron MLP's activation and per-token scaling (its unfused path; `MLP.forward`)."""

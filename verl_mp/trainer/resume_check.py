@@ -44,7 +44,7 @@ MAY_DIFFER = (
     "*.megatron", "*.megatron.*", "*.micro_batch_size", "*.max_tokens_per_micro_batch", "*.offload", "*.offload.*",
     "*.remove_padding", "*.attention_backend", "*.recompute", "*.recompute_modules", "*.recompute_num_layers",
     "rollout.logprob_gap_freq", "trainer.save_on_interrupt",
-    "ref.optim.*",
+    "ref.optim.*", "actor.moe.grouped_gemm",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.load_format", "rollout.sleep_level", "rollout.keep_weights_on_gpu",
     "rollout.weight_sync_bucket_mb",
