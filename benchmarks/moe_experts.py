@@ -108,9 +108,7 @@ def time_experts(module, forward, assignments: torch.Tensor, hidden: int, repeat
 
 
 def experts_table(root: Path, tokens: int, repeats: int) -> list[dict]:
-    from megatron.core.transformer.moe.experts import SequentialMLP
-
-    from verl_mp.models.grouped_experts import GroupedExperts
+    from verl_mp.models.grouped_experts import GroupedExperts, SequentialReference
 
     rows = []
     for name, shape in SHAPES.items():
@@ -125,8 +123,7 @@ def experts_table(root: Path, tokens: int, repeats: int) -> list[dict]:
                 if impl == "grouped":
                     seconds = time_experts(module, module, per_expert.to(DEVICE), shape["hidden"], repeats)
                 else:
-                    seconds = time_experts(module, lambda *args: SequentialMLP.forward(module, *args), per_expert,
-                                           shape["hidden"], repeats)
+                    seconds = time_experts(module, SequentialReference(module), per_expert, shape["hidden"], repeats)
                 rows.append(dict(shape=name, tokens=tokens, assignments=assignments_total, skewed=skewed,
                                  impl=impl, ms=seconds * 1e3, tflops=flops / seconds / 1e12))
                 print(json.dumps({"experts": rows[-1]}), flush=True)
@@ -164,7 +161,7 @@ def step_table(root: Path, rows: int, seq: int, micro: int, repeats: int) -> lis
             weights = [{k: v.detach().clone() for k, v in c.state_dict().items() if torch.is_tensor(v)}
                        for c in eng.chunks]
         else:
-            for chunk, state in zip(eng.chunks, weights):
+            for chunk, state in zip(eng.chunks, weights, strict=True):
                 chunk.load_state_dict(state, strict=False)
             eng.optimizer.reload_model_params()  # the fp32 main copies too (as load_hf does)
         times, metrics = [], {}

@@ -9,17 +9,6 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-class _AsSequential(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args):
-        from megatron.core.transformer.moe.experts import SequentialMLP
-
-        return SequentialMLP.forward(self.inner, *args)
-
-
 def _run(runner, prefix, module, dtype, x, per_expert, probs, grad):
     weights = {prefix + k: p.detach().clone().to(dtype).requires_grad_() for k, p in module.named_parameters()}
     xi = x.detach().clone().to(dtype).requires_grad_()
@@ -35,7 +24,7 @@ def test_grouped_kernel_is_as_accurate_as_one_matmul_per_expert(tmp_path):
     from verl_mp.config.moe import MoEConfig
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
-    from verl_mp.models.grouped_experts import GroupedExperts
+    from verl_mp.models.grouped_experts import GroupedExperts, SequentialReference
 
     Qwen3MoeConfig(hidden_size=1024, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=16,
                    num_key_value_heads=4, head_dim=64, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=512,
@@ -50,10 +39,10 @@ def test_grouped_kernel_is_as_accurate_as_one_matmul_per_expert(tmp_path):
     probs, grad = torch.rand(len(x), generator=g).cuda(), torch.randn(len(x), 1024, generator=g).cuda()
     assert module.grouped_applies(x.bfloat16())
     grouped = _run(module, "", module, torch.bfloat16, x, counts.cuda(), probs, grad)
-    sequential = _run(_AsSequential(module), "inner.", module, torch.bfloat16, x, counts, probs, grad)
-    reference = _run(_AsSequential(module), "inner.", module, torch.float32, x, counts, probs, grad)
+    sequential = _run(SequentialReference(module), "experts.", module, torch.bfloat16, x, counts, probs, grad)
+    reference = _run(SequentialReference(module), "experts.", module, torch.float32, x, counts, probs, grad)
     names = ["output", "input grad"] + [f"weight grad {i}" for i in range(len(grouped) - 2)]
-    for name, a, b, ref in zip(names, grouped, sequential, reference):
+    for name, a, b, ref in zip(names, grouped, sequential, reference, strict=True):
         scale = ref.abs().max().clamp(min=1e-6)
         err_grouped, err_sequential = float((a - ref).abs().max() / scale), float((b - ref).abs().max() / scale)
         print(f"{name}: bf16 error vs fp32, grouped {err_grouped:.2e}, sequential {err_sequential:.2e}")

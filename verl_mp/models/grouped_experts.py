@@ -108,3 +108,16 @@ class GroupedExperts(SequentialMLP):
         else:
             x = cfg.activation_func(x)
         return (x * probs.unsqueeze(-1)).to(x.dtype)
+
+
+class SequentialReference(torch.nn.Module):
+    """``experts`` (a `GroupedExperts`) run by megatron's SequentialMLP loop: the reference
+    the grouped path is compared with (tests, ``benchmarks/moe_experts.py``). Its parameters
+    are the experts' (named ``experts.<name>``, for ``torch.func.functional_call``)."""
+
+    def __init__(self, experts: GroupedExperts):
+        super().__init__()
+        self.experts = experts
+
+    def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor):
+        return SequentialMLP.forward(self.experts, hidden, tokens_per_expert, probs)

@@ -166,24 +166,13 @@ def forced_routing(routing: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.where(routing >= 0, (routing + 1) % num_experts, routing)
 
 
-class _AsSequential(torch.nn.Module):
-    """``inner`` (a `GroupedExperts`) run by megatron's SequentialMLP.forward."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args):
-        from megatron.core.transformer.moe.experts import SequentialMLP
-
-        return SequentialMLP.forward(self.inner, *args)
-
-
 def direct_calls(module) -> dict:
     """``module`` (a `GroupedExperts`) called as itself and as SequentialMLP on the same
     inputs, with detached copies of its weights (``functional_call``: the engine's gradient
     hooks stay untouched): max |difference| of the output and of the input and weight
     gradients, per case."""
+    from verl_mp.models.grouped_experts import SequentialReference
+
     n, hidden = module.num_local_experts, module.local_experts[0].linear_fc2.weight.shape[0]
     counts = {"uneven": [5, 11] + [3] * (n - 2), "first_empty": [0, 9] + [2] * (n - 2),
               "all_in_last": [0] * (n - 1) + [13], "no_tokens": [0] * n}
@@ -195,7 +184,7 @@ def direct_calls(module) -> dict:
             probs = torch.rand(sum(tokens), generator=g)
             per_expert = torch.tensor(tokens)
             results = []
-            for runner, prefix in ((module, ""), (_AsSequential(module), "inner.")):
+            for runner, prefix in ((module, ""), (SequentialReference(module), "experts.")):
                 weights = {prefix + k: p.detach().clone().to(dtype).requires_grad_()
                            for k, p in module.named_parameters()}
                 xi = x.clone().requires_grad_()
@@ -209,7 +198,7 @@ def direct_calls(module) -> dict:
                 out=float((y1 - y2).abs().max()) if y1.numel() else 0.0,
                 out_scale=float(y2.abs().max()) if y2.numel() else 0.0,
                 grad_x=float((x1 - x2).abs().max()) if x1.numel() else 0.0,
-                grad_w=max(float((a - b).abs().max()) for a, b in zip(w1, w2)),
+                grad_w=max(float((a - b).abs().max()) for a, b in zip(w1, w2, strict=True)),
                 grad_w_scale=max(float(b.abs().max()) for b in w2))
     return out
 
