@@ -69,13 +69,15 @@ def engine(path: str, role: str, grouped: bool, micro: int = 4):
 
 
 def counts(tokens: int, experts: int, skewed: bool) -> torch.Tensor:
-    """Assignments per expert: even, or half of them on the first 4 experts."""
+    """Assignments per expert: even, or half of them on the first 4 experts (+-3 each)."""
     if not skewed:
         base = torch.full((experts,), tokens // experts)
     else:
         base = torch.full((experts,), tokens // 2 // (experts - 4))
         base[:4] = tokens // 2 // 4
     base[-1] += tokens - int(base.sum())
+    base[0::2] += 3  # counts that are not multiples of 8, as real routing gives
+    base[1::2] -= 3
     return base
 
 

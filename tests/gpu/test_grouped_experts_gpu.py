@@ -1,4 +1,4 @@
-"""`GroupedExperts` on a GPU (bf16: torch's CUTLASS grouped GEMM on Hopper) against megatron's
+"""`GroupedExperts` on a GPU (bf16: torch's CUTLASS grouped GEMM on Hopper, each expert's rows padded to an aligned count) against megatron's
 SequentialMLP in bf16, both measured against an fp32 computation of the same experts: the
 grouped kernel must be as accurate as one matmul per expert. (On CPU the two paths agree bit
 for bit: tests/dist/test_engine_moe.py.)"""
@@ -32,8 +32,8 @@ def test_grouped_kernel_is_as_accurate_as_one_matmul_per_expert(tmp_path):
     engine = MegatronEngine(EngineConfig(model_path=str(tmp_path), role="ref", dtype="bf16", attention_backend="sdpa",
                                          moe=MoEConfig(grouped_gemm=True)))
     module = next(m for c in engine.chunks for m in c.modules() if isinstance(m, GroupedExperts))
-    counts = torch.full((32,), 400)
-    counts[:4], counts[5] = 3000, 0  # skewed, one expert empty
+    counts = torch.full((32,), 401)
+    counts[:4], counts[5], counts[7] = 2999, 0, 3  # skewed, one expert empty, counts not multiples of 8
     g = torch.Generator().manual_seed(0)
     x = torch.randn(int(counts.sum()), 1024, generator=g).cuda()
     probs, grad = torch.rand(len(x), generator=g).cuda(), torch.randn(len(x), 1024, generator=g).cuda()

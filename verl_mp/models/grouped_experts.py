@@ -15,7 +15,9 @@ Hopper/Blackwell; a loop of matmuls elsewhere, CPU included):
     y = grouped_mm(a, stack(W2_e)^T, offs)        # [tokens, H]
 
 ``offs`` are the cumulative token counts per local expert (the dispatcher sorts tokens by
-expert). The expert linears never communicate inside the experts module (megatron's
+expert), each expert's rows padded with zero rows to a multiple of `ALIGN_ROWS`: the CUDA
+kernels want every group 16-byte aligned (the weight gradient is a GEMM grouped along the
+tokens); zero rows add nothing to any output or gradient and are dropped after. The expert linears never communicate inside the experts module (megatron's
 dispatcher gathers and reduces around it), so this is the same math as SequentialMLP.
 
 `GroupedLinear` saves the input and the expert parameters themselves for the backward, not
@@ -35,12 +37,31 @@ import torch
 from megatron.core.transformer.moe.experts import SequentialMLP
 
 _ALIGN_BYTES = 16
+ALIGN_ROWS = 16
+"""Each expert's token group is padded to a multiple of this many rows (16 bytes of bf16 is
+8; 16 also covers 8-bit types)."""
 
 
 def grouped_mm(x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """``x[rows of group g] @ weights[g]`` for every group, rows grouped by ``offs`` (the
     cumulative row counts, int32); ``weights``: ``[G, K, N]``."""
     return torch._grouped_mm(x, weights, offs=offs)
+
+
+def aligned_rows(tokens_per_expert: torch.Tensor, device) -> tuple[torch.Tensor | None, torch.Tensor, int]:
+    """``(rows, padded, total)``: where the dispatcher's rows go among the padded ones (None
+    when every count is aligned already), each expert's token count rounded up to
+    `ALIGN_ROWS` (on ``device``), and their sum. One host read of the counts, as
+    SequentialMLP makes."""
+    counts = [int(c) for c in tokens_per_expert.tolist()]
+    padded = [-(-c // ALIGN_ROWS) * ALIGN_ROWS for c in counts]
+    padded_t = torch.tensor(padded, device=device)
+    if padded == counts:
+        return None, padded_t, sum(padded)
+    counts_t = torch.tensor(counts, device=device)
+    expert = torch.repeat_interleave(torch.arange(len(counts), device=device), counts_t)
+    shift = (torch.cumsum(padded_t, 0) - padded_t) - (torch.cumsum(counts_t, 0) - counts_t)
+    return torch.arange(sum(counts), device=device) + shift[expert], padded_t, sum(padded)
 
 
 class GroupedLinear(torch.autograd.Function):
@@ -90,10 +111,15 @@ class GroupedExperts(SequentialMLP):
         if self.config.moe_apply_probs_on_input:  # as SequentialMLP: scale the input, not the output
             hidden = (probs.unsqueeze(-1) * hidden).to(hidden.dtype)
             probs = torch.ones_like(probs)
-        offs = torch.cumsum(tokens_per_expert.to(device=hidden.device), 0).to(torch.int32)
+        rows, padded, total = aligned_rows(tokens_per_expert, hidden.device)
+        if rows is not None:  # zero rows up to each expert's aligned count
+            hidden = hidden.new_zeros(total, hidden.shape[-1]).index_copy(0, rows, hidden)
+            probs = probs.new_zeros(total).index_copy(0, rows, probs)
+        offs = torch.cumsum(padded, 0).to(torch.int32)
         intermediate = GroupedLinear.apply(hidden, offs, *(e.linear_fc1.weight for e in self.local_experts))
         intermediate = self._activation(intermediate, probs)
-        return GroupedLinear.apply(intermediate, offs, *(e.linear_fc2.weight for e in self.local_experts)), None
+        out = GroupedLinear.apply(intermediate, offs, *(e.linear_fc2.weight for e in self.local_experts))
+        return (out if rows is None else out.index_select(0, rows)), None
 
     def _activation(self, x: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """megatron MLP's activation and per-token scaling (its unfused path; `MLP.forward`)."""
