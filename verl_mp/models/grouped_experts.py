@@ -17,8 +17,9 @@ Hopper/Blackwell; a loop of matmuls elsewhere, CPU included):
 ``offs`` are the cumulative token counts per local expert (the dispatcher sorts tokens by
 expert), each expert's rows padded with zero rows to a multiple of `ALIGN_ROWS`: the CUDA
 kernels want every group 16-byte aligned (the weight gradient is a GEMM grouped along the
-tokens); zero rows add nothing to any output or gradient and are dropped after. The expert linears never communicate inside the experts module (megatron's
-dispatcher gathers and reduces around it), so this is the same math as SequentialMLP.
+tokens); zero rows add nothing to any output or gradient and are dropped after. The expert
+linears never communicate inside the experts module (megatron's dispatcher gathers and
+reduces around it), so this is the same math as SequentialMLP.
 
 `GroupedLinear` saves the input and the expert parameters themselves for the backward, not
 the stacked copy: the stack is a transient of the forward (and again of the backward), so a
