@@ -184,7 +184,7 @@ def test_grouped_experts_with_uneven_and_empty_experts(env):
     for name, c in cases.items():
         tol = 1e-5 if name.startswith("fp32") else 2e-2
         print(name, c)
-        assert c["grouped_path"], name  # the grouped kernel ran, not the fallback loop
+        assert c["grouped_path"] == (c["rows"] > 0), name  # the grouped kernel ran (no tokens: the loop)
         assert c["out"] <= tol * max(c["out_scale"], 1.0) and c["grad_x"] <= tol * max(c["out_scale"], 1.0), name
         assert c["grad_w"] <= tol * max(c["grad_w_scale"], 1.0), name
         assert (c["rows"] == 0) == name.endswith("no_tokens")

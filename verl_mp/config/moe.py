@@ -33,7 +33,8 @@ class MoEConfig:
     """Compute a rank's routed experts as one grouped GEMM per projection
     (`verl_mp.models.grouped_experts`: ``torch._grouped_mm``, CUTLASS on Hopper for bf16) instead
     of megatron's loop of one small MLP per expert (SequentialMLP). Same parameters, checkpoint
-    keys and math; false runs megatron's loop (the reference path)."""
+    keys and math; bf16 on GPUs (other GPU dtypes keep the loop); false runs megatron's loop
+    (the reference path)."""
 
     expert_bias_update_rate: float = 0.0
     """Sigmoid routers with an expert bias (DeepSeek-V3's ``e_score_correction_bias``): after

@@ -27,9 +27,10 @@ micro-batch in flight holds no extra copy of the rank's expert weights. The back
 grouped GEMMs too: ``dx = grouped_mm(dy, stack(W), offs)`` and the weight gradients
 ``dW_e = dy_e^T x_e`` as one GEMM grouped along the tokens.
 
-Falls back to SequentialMLP's loop where the grouped kernel does not apply: biases, fp8/fp4,
-a latent projection, fused bias-activation kernels, or dimensions whose rows are not 16-byte
-aligned (the kernel's requirement).
+Falls back to SequentialMLP's loop where the grouped kernel does not apply or was not
+measured: biases, fp8/fp4, a latent projection, fused bias-activation kernels, router
+probabilities applied to the input (top-1), no tokens at all, CUDA tensors other than bf16,
+or dimensions whose rows are not 16-byte aligned (the kernel's requirement).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def aligned_rows(tokens_per_expert: torch.Tensor, device) -> tuple[torch.Tensor 
     if padded == counts:
         return None, padded_t, sum(padded)
     counts_t = torch.tensor(counts, device=device)
-    expert = torch.repeat_interleave(torch.arange(len(counts), device=device), counts_t)
+    expert = torch.repeat_interleave(torch.arange(len(counts), device=device), counts_t, output_size=sum(counts))
     shift = (torch.cumsum(padded_t, 0) - padded_t) - (torch.cumsum(counts_t, 0) - counts_t)
     return torch.arange(sum(counts), device=device) + shift[expert], padded_t, sum(padded)
 
@@ -95,9 +96,13 @@ class GroupedExperts(SequentialMLP):
         cfg = self.config
         if cfg.add_bias_linear or cfg.fp8 or cfg.fp4 or getattr(cfg, "moe_latent_size", None) is not None:
             return False
-        if cfg.bias_activation_fusion and not cfg.use_te_activation_func:
+        if (cfg.bias_activation_fusion and not cfg.use_te_activation_func) or cfg.moe_apply_probs_on_input:
             return False
-        if not hasattr(torch, "_grouped_mm") or hidden.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if hidden.shape[0] == 0 or not hasattr(torch, "_grouped_mm"):
+            return False
+        # CUDA: bf16 only (CUTLASS; other dtypes would be torch's loop of matmuls, no faster than
+        # SequentialMLP's, and not measured here); CPU: the loop, for fp32 and bf16 alike
+        if hidden.dtype not in ((torch.bfloat16,) if hidden.is_cuda else (torch.float32, torch.bfloat16)):
             return False
         fc1 = self.local_experts[0].linear_fc1.weight
         fc2 = self.local_experts[0].linear_fc2.weight
@@ -109,9 +114,6 @@ class GroupedExperts(SequentialMLP):
         hidden, probs = permuted_local_hidden_states, permuted_probs
         if self.num_local_experts == 1 or not self.grouped_applies(hidden):
             return super().forward(hidden, tokens_per_expert, probs)
-        if self.config.moe_apply_probs_on_input:  # as SequentialMLP: scale the input, not the output
-            hidden = (probs.unsqueeze(-1) * hidden).to(hidden.dtype)
-            probs = torch.ones_like(probs)
         rows, padded, total = aligned_rows(tokens_per_expert, hidden.device)
         if rows is not None:  # zero rows up to each expert's aligned count
             hidden = hidden.new_zeros(total, hidden.shape[-1]).index_copy(0, rows, hidden)

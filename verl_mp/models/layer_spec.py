@@ -245,7 +245,7 @@ def with_grouped_experts(layer_spec):
 
     from verl_mp.models.grouped_experts import GroupedExperts
 
-    specs = getattr(layer_spec, "layer_specs", None) or [layer_spec]
+    specs = layer_spec.layer_specs if hasattr(layer_spec, "layer_specs") else [layer_spec]
     for one in specs:
         mlp = getattr(one.submodules, "mlp", one)  # a decoder layer's MLP, or a MoE MLP's spec itself
         experts = getattr(getattr(mlp, "submodules", None), "experts", None)
