@@ -33,9 +33,7 @@ SHAPES = {  # hidden, experts, expert FFN, top-k, heads, kv heads
 }
 VOCAB = 151936
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: --smoke only (a check that the script runs)
-
-
-DTYPE = "bf16"
+DTYPE = "bf16"  # --smoke: fp32
 
 
 def sync() -> None:

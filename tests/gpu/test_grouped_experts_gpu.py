@@ -1,6 +1,7 @@
-"""`GroupedExperts` on a GPU (bf16: torch's CUTLASS grouped GEMM on Hopper, each expert's rows padded to an aligned count) against megatron's
-SequentialMLP in bf16, both measured against an fp32 computation of the same experts: the
-grouped kernel must be as accurate as one matmul per expert. (On CPU the two paths agree bit
+"""`GroupedExperts` on a GPU (bf16: torch's CUTLASS grouped GEMM on Hopper, each expert's rows
+padded to an aligned count) against megatron's SequentialMLP in bf16, both measured against an
+fp32 computation of the same experts: the grouped kernel must be as accurate as one matmul per
+expert. (On CPU the two paths agree bit
 for bit: tests/dist/test_engine_moe.py.)"""
 
 import pytest

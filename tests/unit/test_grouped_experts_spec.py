@@ -41,7 +41,8 @@ def test_moe_mlp_spec_follows_the_setting(grouped):
 def test_aligned_rows_pads_each_expert_to_16():
     from verl_mp.models.grouped_experts import ALIGN_ROWS, aligned_rows
 
-    rows, padded, total = aligned_rows(torch.tensor([5, 0, 16, 17]), "cpu")
-    assert ALIGN_ROWS == 16 and padded.tolist() == [16, 0, 16, 32] and total == 64
+    rows, offs, total = aligned_rows(torch.tensor([5, 0, 16, 17]), "cpu")
+    assert ALIGN_ROWS == 16 and offs.tolist() == [16, 16, 32, 64] and offs.dtype == torch.int32 and total == 64
     assert rows.tolist() == [*range(0, 5), *range(16, 32), *range(32, 49)]
-    assert aligned_rows(torch.tensor([16, 0, 32]), "cpu")[0] is None
+    rows, offs, total = aligned_rows(torch.tensor([16, 0, 32]), "cpu")
+    assert rows is None and offs.tolist() == [16, 16, 48] and total == 48

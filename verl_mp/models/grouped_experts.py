@@ -35,6 +35,8 @@ or dimensions whose rows are not 16-byte aligned (the kernel's requirement).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from megatron.core.transformer.moe.experts import SequentialMLP
 
@@ -51,19 +53,22 @@ def grouped_mm(x: torch.Tensor, weights: torch.Tensor, offs: torch.Tensor) -> to
 
 
 def aligned_rows(tokens_per_expert: torch.Tensor, device) -> tuple[torch.Tensor | None, torch.Tensor, int]:
-    """``(rows, padded, total)``: where the dispatcher's rows go among the padded ones (None
-    when every count is aligned already), each expert's token count rounded up to
-    `ALIGN_ROWS` (on ``device``), and their sum. One host read of the counts, as
-    SequentialMLP makes."""
+    """``(rows, offs, total)``: where the dispatcher's rows go among the padded ones (None when
+    every count is aligned already), the cumulative padded counts (int32, on ``device``: the
+    grouped GEMM's ``offs``) and their sum; each expert's count is rounded up to `ALIGN_ROWS`.
+    One host read of the counts, as SequentialMLP makes; the rest is host arithmetic."""
     counts = [int(c) for c in tokens_per_expert.tolist()]
     padded = [-(-c // ALIGN_ROWS) * ALIGN_ROWS for c in counts]
-    padded_t = torch.tensor(padded, device=device)
+    ends = list(itertools.accumulate(padded))
+    offs = torch.tensor(ends, dtype=torch.int32, device=device)
     if padded == counts:
-        return None, padded_t, sum(padded)
-    counts_t = torch.tensor(counts, device=device)
-    expert = torch.repeat_interleave(torch.arange(len(counts), device=device), counts_t, output_size=sum(counts))
-    shift = (torch.cumsum(padded_t, 0) - padded_t) - (torch.cumsum(counts_t, 0) - counts_t)
-    return torch.arange(sum(counts), device=device) + shift[expert], padded_t, sum(padded)
+        return None, offs, sum(padded)
+    # an expert's rows move by (its padded start) - (its start among the dispatcher's rows)
+    shifts = [end - p - (start - c) for end, p, start, c in zip(ends, padded, itertools.accumulate(counts), counts,
+                                                                   strict=True)]
+    shift = torch.repeat_interleave(torch.tensor(shifts, device=device), torch.tensor(counts, device=device),
+                                    output_size=sum(counts))
+    return torch.arange(sum(counts), device=device) + shift, offs, sum(padded)
 
 
 class GroupedLinear(torch.autograd.Function):
@@ -114,11 +119,10 @@ class GroupedExperts(SequentialMLP):
         hidden, probs = permuted_local_hidden_states, permuted_probs
         if self.num_local_experts == 1 or not self.grouped_applies(hidden):
             return super().forward(hidden, tokens_per_expert, probs)
-        rows, padded, total = aligned_rows(tokens_per_expert, hidden.device)
+        rows, offs, total = aligned_rows(tokens_per_expert, hidden.device)
         if rows is not None:  # zero rows up to each expert's aligned count
             hidden = hidden.new_zeros(total, hidden.shape[-1]).index_copy(0, rows, hidden)
             probs = probs.new_zeros(total).index_copy(0, rows, probs)
-        offs = torch.cumsum(padded, 0).to(torch.int32)
         intermediate = GroupedLinear.apply(hidden, offs, *(e.linear_fc1.weight for e in self.local_experts))
         intermediate = self._activation(intermediate, probs)
         out = GroupedLinear.apply(intermediate, offs, *(e.linear_fc2.weight for e in self.local_experts))

@@ -293,7 +293,7 @@ def decoder_block_spec(spec: GPTSpec, config, backend: str, vp_stage: int | None
             return with_grouped_experts(block) if grouped_experts else block
         layer = get_gpt_layer_local_spec(num_experts=spec.moe.num_experts if spec.moe else None,
                                          moe_grouped_gemm=False, qk_layernorm=spec.qk_layernorm)
-        return with_grouped_experts(layer) if grouped_experts and spec.moe else layer
+        return with_grouped_experts(layer) if grouped_experts else layer
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     layers = range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
     specs = [_own_layer_spec(spec, moe_layer=spec.moe is not None and spec.moe.is_moe_layer(i),
