@@ -45,11 +45,17 @@
 #                  an 8x768 Qwen2 body with the full 151,936-entry vocabulary, warm-started on the GPU, then 30
 #                  GRPO steps on the fused log-prob kernel path, val/accuracy every 5 steps); ~5-7 min in all.
 #                  Prints the warm start's held-out scores, the step table and the reward/val curve.
+#   peers_verl_mp: after `stash`, carry .gpu-vllm/part2 + .whl + .gpu-peers (benchmarks/peers/build_kit.sh): issue 36,
+#                  installs vLLM and the peers' kit, runs verl_mp on the peer job (benchmarks/peers/run.sh; PEER_JOB env
+#                  passes SIZE/VOCAB/PROMPTS/... on), then the grouped-experts GPU test.
+#   peers_trl    : right after peers_verl_mp on the same machine, carry nothing: TRL on the same job.
+#   peers_verl   : right after, carry .gpu-ray: verl on the same job, then the three-way table (compare.py).
+#                  Each peers_* call tars all results so far to $OUT/peers_results.tgz and prints the table.
 #   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
+phase=${1:?usage: gpu_session.sh stash|peers_verl_mp|peers_trl|peers_verl|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -76,6 +82,33 @@ install_moe_lib() {  # vLLM's MoE kernels library, left out of the kit: carried 
   cp .gpu-moe/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
     || cp ~/gvk/_moe_C_stable_libtorch.abi3.so ~/vllm026/site/vllm/ 2>/dev/null \
     || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
+}
+
+run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/peers/README.md); results accumulate
+  # in /tmp/peers_results (outside the checkout: kept while the machine stays up between the back-to-back calls)
+  local peer=$1 res=/tmp/peers_results
+  case "$peer" in
+    verl_mp)
+      setup_python
+      bash .gpu-peers/peers-kit/install.sh .gpu-peers/peers-kit /tmp/peers > "$OUT/peers_install.log" 2>&1 \
+        || { tail -5 "$OUT/peers_install.log"; exit 1; } ;;
+    trl) export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD
+      [ -d /tmp/peers/site ] || { echo "no /tmp/peers: run peers_verl_mp first on this machine"; exit 1; } ;;
+    verl) [ -d /tmp/peers/site ] || { echo "no /tmp/peers: run peers_verl_mp first on this machine"; exit 1; }
+      bash .gpu-ray/ray-kit/install.sh .gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 \
+        || { tail -5 "$OUT/ray_install.log"; exit 1; } ;;
+  esac
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
+  mkdir -p "$res"
+  CUDA_VISIBLE_DEVICES=0 timeout "${PEER_S:-520}" env ${PEER_JOB:-} bash benchmarks/peers/run.sh "$peer" "$res/$peer"
+  echo "peer $peer rc=$?"
+  grep -E "Error|error:|Traceback" "$res/$peer/$peer.log" 2>/dev/null | tail -4 | cut -c1-400
+  if [ "$peer" = verl_mp ]; then  # the grouped experts' padding and custom backward, not yet run on a GPU (2026-12-03)
+    CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_experts_gpu.py \
+      > "$OUT/grouped_experts_gpu.log" 2>&1; echo "grouped experts GPU test rc=$?"; tail -2 "$OUT/grouped_experts_gpu.log"
+  fi
+  tar -C /tmp -czf "$OUT/peers_results.tgz" peers_results
+  python3 benchmarks/peers/compare.py "$res" --json "$OUT/peers_summary.json"
 }
 
 bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
@@ -415,6 +448,7 @@ PY
     grep -E "Error|error:" "$OUT/moe_experts.log" | tail -3 | cut -c1-400
     sed -n '/^shape | skewed/,$p' "$OUT/moe_experts.log" ;;
   demo) shift; run_demo "$@" ;;
+  peers_verl_mp|peers_trl|peers_verl) run_peers "${phase#peers_}" ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron
     CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/engine_memory.py --out "$OUT/engine_memory.json" \

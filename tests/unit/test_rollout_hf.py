@@ -54,3 +54,20 @@ def test_load_weights(rollout):
         rollout.load_weights([("model.no_such.weight", before)])
     with pytest.raises(ValueError, match="weight_sync_mode=gather"):
         rollout.load_weights([], kernel_format=True)
+
+
+def test_ignore_eos_generates_to_max_new_tokens(rollout):
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=5)
+    first = rollout.generate(PROMPTS[:1], greedy).response_ids[0][0]
+    saved = rollout.eos_ids
+    rollout.eos_ids = {first}  # the greedy first token is now EOS: generation stops at once...
+    try:
+        stopped = rollout.generate(PROMPTS[:1], greedy)
+        assert stopped.response_ids[0] == [first] and stopped.finished == [True]
+        # ...unless EOS is ignored; an explicit stop token still stops
+        full = rollout.generate(PROMPTS[:1], SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, ignore_eos=True))
+        assert len(full.response_ids[0]) == 5 and full.response_ids[0][0] == first and full.finished == [False]
+        stop = SamplingConfig(n=1, temperature=0.0, max_new_tokens=5, ignore_eos=True, stop_token_ids=[first])
+        assert rollout.generate(PROMPTS[:1], stop).response_ids[0] == [first]
+    finally:
+        rollout.eos_ids = saved

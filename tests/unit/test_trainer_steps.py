@@ -104,7 +104,12 @@ def test_log_prob_gap_metric_and_fail_fast_threshold():
     b = _batch()
     b.old_log_probs = b.rollout_log_probs + 0.25 * b.response_mask
     m = steps.logprob_gap_metrics(b)
-    assert m == {"rollout/logprob_diff_max": pytest.approx(0.25), "rollout/logprob_diff_mean": pytest.approx(0.25)}
+    real = b.response_mask > 0  # the probability gap, computed here in float64 from the same values
+    p_diff = (b.rollout_log_probs.double().exp() - b.old_log_probs.double().exp()).abs()[real]
+    assert m == {"rollout/logprob_diff_max": pytest.approx(0.25), "rollout/logprob_diff_mean": pytest.approx(0.25),
+                 "rollout/prob_diff_max": pytest.approx(p_diff.max().item(), rel=1e-6),
+                 "rollout/prob_diff_mean": pytest.approx(p_diff.mean().item(), rel=1e-6)}
+    assert m["rollout/prob_diff_max"] > 0
     steps.check_logprob_gap(m, 0.3, step=4)
     with pytest.raises(RuntimeError, match="step 4: rollout/trainer log-prob gap 0.25 exceeds .*threshold=0.1"):
         steps.check_logprob_gap(m, 0.1, step=4)

@@ -23,6 +23,9 @@ class SamplingConfig:
     max_new_tokens: int = 256
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra stop tokens besides the tokenizer's EOS."""
+    ignore_eos: bool = False
+    """Generate on past the tokenizer's EOS (``stop_token_ids`` still stop): every response is
+    ``max_new_tokens`` long. For benchmarks that need equal token counts, not for training."""
     seed: int | None = None
     """Makes sampling reproducible (the trainer sets it per step, so a resumed run samples
     what the uninterrupted run did); None draws from the engine's RNG."""

@@ -53,7 +53,7 @@ class HFRollout:
     def _sample_one(self, prompt: list[int], sampling: SamplingConfig, index: int):
         gen = torch.Generator(device=self.device)
         gen.manual_seed((sampling.seed or 0) + index)
-        stops = self.eos_ids | set(sampling.stop_token_ids)
+        stops = (set() if sampling.ignore_eos else self.eos_ids) | set(sampling.stop_token_ids)
         ids = torch.tensor([prompt], device=self.device)
         out = self.model(ids, use_cache=True)
         tokens, logprobs = [], []

@@ -181,6 +181,7 @@ class VLLMRollout:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,  # -1: disabled in 0.26..0.32
             max_tokens=sampling.max_new_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos,
             seed=sampling.seed + index if sampling.seed is not None and sampling.seed_scope == "request" else None,
             logprobs=0 if sampling.logprobs else None,
             # token ids are all the trainer reads (rewards decode them themselves); vLLM's incremental

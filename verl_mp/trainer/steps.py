@@ -126,8 +126,10 @@ def response_metrics(batch: RLBatch, out: RolloutOutput) -> dict[str, float]:
 def logprob_gap_metrics(batch: RLBatch, rows: torch.Tensor | None = None) -> dict[str, float]:
     """|rollout log-prob - trainer old log-prob| over real response tokens of ``rows`` ([B]
     bool, default all: the on-policy samples, whose gap measures the weight sync and the
-    numerics, not staleness). {} on steps whose rollout returned no log-probs, or without
-    such samples (off-policy steady state)."""
+    numerics, not staleness), and the same gap between probabilities, |exp(a) - exp(b)|
+    (``rollout/prob_diff_*``: what verl logs as ``training/rollout_probs_diff_*``, so the two
+    compare directly). {} on steps whose rollout returned no log-probs, or without such
+    samples (off-policy steady state)."""
     if batch.rollout_log_probs is None:
         return {}
     batch.require("old_log_probs")
@@ -137,9 +139,13 @@ def logprob_gap_metrics(batch: RLBatch, rows: torch.Tensor | None = None) -> dic
             return {}
         mask = mask & rows[:, None]
     if not mask.any():
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
-    diff = (batch.rollout_log_probs - batch.old_log_probs).abs()[mask]
-    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item()}
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0,
+                "rollout/prob_diff_max": 0.0, "rollout/prob_diff_mean": 0.0}
+    rollout, old = batch.rollout_log_probs[mask], batch.old_log_probs[mask]
+    diff = (rollout - old).abs()
+    prob_diff = (rollout.exp() - old.exp()).abs()
+    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item(),
+            "rollout/prob_diff_max": prob_diff.max().item(), "rollout/prob_diff_mean": prob_diff.mean().item()}
 
 
 def staleness_metrics(batch: RLBatch, step: int) -> dict[str, float]:
