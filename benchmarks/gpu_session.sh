@@ -46,8 +46,8 @@
 #                  GRPO steps on the fused log-prob kernel path, val/accuracy every 5 steps); ~5-7 min in all.
 #                  Prints the warm start's held-out scores, the step table and the reward/val curve.
 #   peers_verl_mp: after `stash`, carry .gpu-vllm/part2 + .whl + .gpu-peers (benchmarks/peers/build_kit.sh): issue 36,
-#                  installs vLLM and the peers' kit, runs verl_mp on the peer job (benchmarks/peers/run.sh; PEER_JOB env
-#                  passes SIZE/VOCAB/PROMPTS/... on), then the grouped-experts GPU test.
+#                  installs vLLM and the peers' kit, runs verl_mp tuned and with its defaults (issue 39) on the peer job
+#                  (benchmarks/peers/run.sh; PEER_JOB env passes SIZE/VOCAB/PROMPTS/... on), then the grouped-experts GPU test.
 #   peers_trl    : right after peers_verl_mp on the same machine, carry nothing: TRL on the same job.
 #   peers_verl   : right after, carry .gpu-ray: verl on the same job, then the three-way table (compare.py).
 #                  Each peers_* call tars all results so far to $OUT/peers_results.tgz and prints the table.
@@ -100,9 +100,13 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   esac
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
   mkdir -p "$res"
-  CUDA_VISIBLE_DEVICES=0 timeout "${PEER_S:-520}" env ${PEER_JOB:-} bash benchmarks/peers/run.sh "$peer" "$res/$peer"
-  echo "peer $peer rc=$?"
-  grep -E "Error|error:|Traceback" "$res/$peer/$peer.log" 2>/dev/null | tail -4 | cut -c1-400
+  local runs=("$peer"); [ "$peer" = verl_mp ] && runs=(verl_mp verl_mp_defaults)
+  for p in "${runs[@]}"; do
+    CUDA_VISIBLE_DEVICES=0 timeout "${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)}" env ${PEER_JOB:-} \
+      bash benchmarks/peers/run.sh "$p" "$res/$p"
+    echo "peer $p rc=$?"
+    grep -E "Error|error:|Traceback" "$res/$p/$p.log" 2>/dev/null | tail -4 | cut -c1-400
+  done
   if [ "$peer" = verl_mp ]; then  # the grouped experts' padding and custom backward, not yet run on a GPU (2026-12-03)
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_experts_gpu.py \
       > "$OUT/grouped_experts_gpu.log" 2>&1; echo "grouped experts GPU test rc=$?"; tail -2 "$OUT/grouped_experts_gpu.log"

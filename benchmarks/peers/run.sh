@@ -2,7 +2,7 @@
 # One system on the peer benchmark's GRPO job (README.md here): verl_mp, verl or trl, on the
 # same model and prompts (prepare.py, written once into WORK), one GPU.
 #
-# Usage: bash benchmarks/peers/run.sh PEER OUT_DIR      PEER: verl_mp | verl | trl
+# Usage: bash benchmarks/peers/run.sh PEER OUT_DIR      PEER: verl_mp | verl_mp_defaults | verl | trl
 # Job (env, defaults): SIZE=1.5b VOCAB=tiny PROMPTS=64 N=8 MAX_NEW=1024 STEPS=5 UTIL=0.4
 #   MAX_TOKENS=18432 (token budget per micro-batch: verl_mp and verl) MICRO=32 (rows per
 #   micro-batch: TRL, which has no token budget) IGNORE_EOS=false WORK=/tmp/peers_work
@@ -42,29 +42,34 @@ fi
 trap '[ -n "$mem_pid" ] && kill "$mem_pid" 2>/dev/null; true' EXIT
 start=$(date +%s)
 case "$peer" in
-  verl_mp)
-    # the tuned settings of benchmarks/RESULTS.md's fastest GRPO step on one H200: token-budget
-    # micro-batches, vLLM's weights kept on the GPU between steps; log-probs from the rollout
-    # every step (rollout.logprob_gap_freq=1) as the other two systems compute them
+  verl_mp|verl_mp_defaults)
+    # verl_mp: the tuned settings of benchmarks/RESULTS.md's fastest GRPO step on one H200
+    # (token-budget micro-batches of 18432 tokens, vLLM's weights kept on the GPU between steps);
+    # verl_mp_defaults: only the job's settings, the rest left to the defaults and the planner
+    # (issue 39). Both take the rollout's log-probs every step (rollout.logprob_gap_freq=1), as
+    # the other two systems do.
+    tuned=(actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS"
+           rollout.keep_weights_on_gpu=true)
+    [ "$peer" = verl_mp_defaults ] && tuned=()
     export VLLM_ENABLE_V1_MULTIPROCESSING=0
     PYTHONPATH=$MEGATRON_SITE:$VLLM_SITE:$repo "$PY" -m verl_mp train --config-name grpo \
       model.path="$WORK/model" model.dtype="$DTYPE" \
       "data.train_files=[$WORK/data/train.parquet]" "data.val_files=[$WORK/data/test.parquet]" \
       data.train_batch_size="$PROMPTS" data.max_prompt_length=64 \
       actor.ppo_mini_batch_size="$PROMPTS" actor.ppo_epochs=1 actor.optim.lr=1e-6 \
-      actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS" \
-      actor.clip_ratio_low=0.2 actor.clip_ratio_high=0.2 actor.use_kl_loss=true actor.kl_loss_coef=0.001 \
+      "${tuned[@]}" actor.clip_ratio_low=0.2 actor.clip_ratio_high=0.2 actor.use_kl_loss=true actor.kl_loss_coef=0.001 \
       actor.loss_agg_mode=token-mean \
       rollout.tensor_model_parallel_size=1 rollout.max_model_len=$((MAX_NEW + 128)) \
-      rollout.gpu_memory_utilization="$UTIL" rollout.keep_weights_on_gpu=true \
+      rollout.gpu_memory_utilization="$UTIL" \
       rollout.sampling.n="$N" rollout.sampling.max_new_tokens="$MAX_NEW" rollout.sampling.temperature=1.0 \
       rollout.sampling.ignore_eos="$IGNORE_EOS" rollout.val_sampling.max_new_tokens="$MAX_NEW" \
       rollout.logprob_gap_freq=1 \
       trainer.launcher=torchrun trainer.nproc=1 trainer.total_steps="$STEPS" trainer.test_freq=0 \
       trainer.val_before_train=false trainer.save_freq=0 trainer.save_final=false trainer.export_hf_at_end=false \
       trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out/run" \
-      > "$out/verl_mp.log" 2>&1
-    cp "$out/run/metrics.jsonl" "$out/metrics.jsonl" ;;
+      > "$out/$peer.log" 2>&1
+    cp "$out/run/metrics.jsonl" "$out/metrics.jsonl"
+    cp "$out/run/plan.yaml" "$out/plan.yaml" 2>/dev/null || true ;;
   verl)
     OUT=$out
     # shellcheck source=verl_args.sh
@@ -79,7 +84,7 @@ case "$peer" in
     PYTHONPATH=$PEERS_SITE:$VLLM_SITE:$repo "$PY" "$HERE/trl_grpo.py" --model "$WORK/model" \
       --data "$WORK/data/train.parquet" --out "$out" --prompts "$PROMPTS" --n "$N" --max-new "$MAX_NEW" \
       --steps "$STEPS" --micro "$MICRO" --util "$UTIL" "${cpu[@]}" "${eos[@]}" > "$out/trl.log" 2>&1 ;;
-  *) echo "run.sh: unknown peer '$peer' (verl_mp, verl or trl)" >&2; exit 2 ;;
+  *) echo "run.sh: unknown peer '$peer' (verl_mp, verl_mp_defaults, verl or trl)" >&2; exit 2 ;;
 esac
 echo "{\"peer\": \"$peer\", \"wall_s\": $(( $(date +%s) - start ))}" > "$out/wall.json"
 echo "run.sh: $peer done in $(( $(date +%s) - start )) s ($out)"

@@ -99,6 +99,16 @@ class OffloadConfig:
     """fp32 main weights and Adam moments (copied back before the next update)."""
 
 
+DEFAULT_BUDGET_ROWS = 4
+"""Without a GPU to plan for, an unset micro-batching gets a token budget of this many
+full-length sequences (the worst case of the former default, 4 rows)."""
+
+
+def default_token_budget(seq: int) -> int:
+    """The token budget of an engine role that sets no micro-batching, where no planner chose one."""
+    return DEFAULT_BUDGET_ROWS * seq
+
+
 @dataclass(kw_only=True)
 class EngineRoleConfig:
     """A Megatron engine role (actor, reference or critic).
@@ -110,11 +120,14 @@ class EngineRoleConfig:
     """
 
     optim: OptimConfig = field(default_factory=OptimConfig)
-    micro_batch_size: int = 4
-    """Sequences per micro-batch on each data-parallel rank."""
+    micro_batch_size: int | None = None
+    """Fixed rows: this many sequences per micro-batch on each data-parallel rank, padded to
+    the longest. None (default) with ``max_tokens_per_micro_batch`` None: token-budget
+    micro-batches whose budget the memory planner chooses for the GPU and the layout
+    (`verl_mp.planner.choose`; ``plan.yaml`` and ``verl-mp plan`` show it)."""
     max_tokens_per_micro_batch: int | None = None
-    """Dynamic batch size: micro-batches filled up to this many tokens (padding counts
-    unless remove_padding); overrides micro_batch_size. None: by count."""
+    """Token budget: rows sorted by length and packed into micro-batches of at most this many
+    tokens (padding counts unless remove_padding); overrides micro_batch_size."""
     remove_padding: bool = False
     """Sequence packing: each micro-batch's sequences back to back without padding (THD);
     needs attention_backend sdpa, te or auto."""

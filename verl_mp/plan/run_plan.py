@@ -16,6 +16,7 @@ from verl_mp.config.schema import (
     EngineRoleConfig,
     RewardModelConfig,
     RootConfig,
+    default_token_budget,
 )
 from verl_mp.engine.config import EngineConfig
 
@@ -145,7 +146,7 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
         model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel, optim=section.optim,
         total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon,
         micro_batch_size=section.micro_batch_size,
-        max_tokens_per_micro_batch=section.max_tokens_per_micro_batch,
+        max_tokens_per_micro_batch=_token_budget(cfg, section),
         remove_padding=section.remove_padding, attention_backend=section.attention_backend,
         recompute=section.recompute, recompute_modules=list(section.recompute_modules),
         recompute_num_layers=section.recompute_num_layers,
@@ -154,6 +155,14 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
         # The reference and a critic on a MoE body route with the actor's router settings.
         moe=cfg.actor.moe,
     )
+
+
+def _token_budget(cfg: RootConfig, section: EngineRoleConfig) -> int | None:
+    """The role's token budget: as set (preflight fills an unset one with the planner's
+    choice, `verl_mp.planner.choose`), else the fallback for a plan built without preflight."""
+    if section.max_tokens_per_micro_batch is None and section.micro_batch_size is None:
+        return default_token_budget(cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens)
+    return section.max_tokens_per_micro_batch
 
 
 def _groups(placement: Placement, use_critic: bool, use_ref: bool, use_rm: bool) -> dict[str, GroupPlan]:

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.placement import resolve_placement
 from verl_mp.config.rollout import validate_rollout_layout
-from verl_mp.config.schema import RootConfig
+from verl_mp.config.schema import RootConfig, default_token_budget
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import enabled_roles
 from verl_mp.planner.plan import Plan, PlanOptions, plan
@@ -102,8 +102,11 @@ def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, st
 
 def _micro_batch_candidates(cfg: RootConfig, role: str) -> list[tuple[str, str, list[str]]]:
     section = getattr(cfg, role)
-    if section.max_tokens_per_micro_batch is not None:
-        half = section.max_tokens_per_micro_batch // 2
+    budget = section.max_tokens_per_micro_batch
+    if budget is None and section.micro_batch_size is None:  # unset, planned at the fallback budget
+        budget = default_token_budget(cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens)
+    if budget is not None:
+        half = budget // 2
         return [("micro-batch", f"halve {role}'s token budget per micro-batch",
                  [f"{role}.max_tokens_per_micro_batch={half}"])] if half >= 1 else []
     if section.micro_batch_size <= 1:

@@ -17,6 +17,7 @@ import os
 
 from verl_mp.config.loader import load_config
 from verl_mp.planner.advice import suggest
+from verl_mp.planner.choose import choose, render_choices
 from verl_mp.planner.plan import PlanOptions, plan
 from verl_mp.planner.report import render, render_suggestions
 
@@ -68,9 +69,12 @@ def run_plan(args) -> int:
     spec = spec or read_spec(cfg.model.path)
     options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib, logprob_impl=args.logprob_impl,
                           cache_released=not args.keep_cache)
+    cfg, choices = choose(cfg, spec, options)
     result = plan(cfg, spec, options)
     print(render(result, title=f"verl-mp plan --config-name {args.config_name} ({cfg.model.dtype}, "
                               f"{spec.architecture})"))
+    print()
+    print(render_choices(cfg, spec, choices))
     if not result.fits or args.suggest:
         print()
         print(render_suggestions(suggest(cfg, spec, options, result)))

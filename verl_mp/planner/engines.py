@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from verl_mp.config.schema import OffloadConfig
+from verl_mp.config.schema import OffloadConfig, default_token_budget
 from verl_mp.planner import memory as mem
 from verl_mp.planner.dims import Layout, ModelDims, stage_layers
 
@@ -107,9 +107,13 @@ class EngineUse:
 
 
 def micro_batch_shape(section, seq: int) -> MicroBatchShape:
-    """``section``: an `EngineRoleConfig` (micro_batch_size / max_tokens_per_micro_batch)."""
-    if section.max_tokens_per_micro_batch is not None:
-        tokens = max(section.max_tokens_per_micro_batch, seq)
+    """``section``: an `EngineRoleConfig` (micro_batch_size / max_tokens_per_micro_batch). A
+    token budget is planned at its worst case: every row full-length."""
+    budget = section.max_tokens_per_micro_batch
+    if budget is None and section.micro_batch_size is None:  # left to the planner; where none chose: the fallback
+        budget = default_token_budget(seq)
+    if budget is not None:
+        tokens = max(budget, seq)
         return MicroBatchShape(rows=tokens / seq, seq=seq)
     return MicroBatchShape(rows=section.micro_batch_size, seq=seq)
 

@@ -94,6 +94,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_data(cfg, spec)
     _check_reward_model(cfg)
     _check_reward_fns(cfg)
+    cfg = _choose_settings(cfg, spec)
     _check_fits(cfg, spec)
     return build_plan(cfg, placement)
 
@@ -130,17 +131,33 @@ def _check_rollout_pool(cfg: RootConfig, placement) -> None:
                          f"needs groups: rollout.sampling.n={cfg.rollout.sampling.n} must be >= 2")
 
 
+def _gpu_memory_gib(cfg: RootConfig) -> float | None:
+    """The GPU the run plans for: ``trainer.gpu_memory_gib``, else the local GPU's, else None."""
+    if cfg.trainer.gpu_memory_gib is not None:
+        return cfg.trainer.gpu_memory_gib
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+
+
+def _choose_settings(cfg: RootConfig, spec) -> RootConfig:
+    """What the run leaves to the planner (`verl_mp.planner.choose`), chosen for its GPU and
+    logged; ``plan.yaml`` records it."""
+    from verl_mp.planner.choose import choose
+    from verl_mp.planner.plan import PlanOptions
+
+    gib = _gpu_memory_gib(cfg)
+    cfg, choices = choose(cfg, spec, PlanOptions(gpu_memory_gib=gib) if gib is not None else None)
+    for c in choices:
+        logger.info("planner chose %s", c.line())
+    return cfg
+
+
 def _check_fits(cfg: RootConfig, spec) -> None:
     """The memory planner (`verl_mp.planner`) on the GPUs the run will use: refuse a run
     whose steady state cannot fit, with the phase, the numbers and the fixes."""
-    gib = cfg.trainer.gpu_memory_gib
-    if gib is None:
-        import torch
-
-        if not torch.cuda.is_available():
-            return
-        gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    if cfg.rollout.backend != "vllm":
+    gib = _gpu_memory_gib(cfg)
+    if gib is None or cfg.rollout.backend != "vllm":
         return
     from verl_mp.planner import check_fits
 

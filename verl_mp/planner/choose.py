@@ -1,0 +1,129 @@
+"""Settings the planner chooses when the run leaves them unset (issue 39: fast by default).
+
+`choose(cfg, spec, options)` returns the run configuration with every engine role that sets
+neither ``micro_batch_size`` nor ``max_tokens_per_micro_batch`` given a token budget
+(``max_tokens_per_micro_batch``: rows sorted by length, packed up to the budget), and a
+`Choice` per decision with its reason. The budget is the largest that keeps every phase of
+the plan under `HEADROOM` of the GPU, up to `BUDGET_CAP` (measured: the 1.5B train step
+gains ~5% from 16k to 32k tokens per micro-batch on an H200, benchmarks/RESULTS.md) and to
+the tokens one data-parallel rank holds in a mini-batch (a larger budget changes nothing).
+Without a GPU to plan for (a CPU run, no ``trainer.gpu_memory_gib``), the budget is
+`default_token_budget`: 4 full-length sequences, the worst case of the former default of 4 rows.
+
+Preflight applies the choices (`plan.yaml` shows them; ``config.yaml`` keeps what the user
+wrote); ``verl-mp plan`` prints them with their reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from verl_mp.config.parallel import validate_layout
+from verl_mp.config.schema import DEFAULT_BUDGET_ROWS, EngineRoleConfig, RootConfig, default_token_budget
+from verl_mp.models.spec import GPTSpec
+from verl_mp.plan import critic_enabled, reference_enabled
+from verl_mp.planner.plan import PlanOptions, plan
+
+HEADROOM = 0.9
+"""Chosen settings keep every phase under this share of the GPU: room for the allocator's
+fragmentation and the estimates' error (calibrated within 1% on the H200's train step)."""
+BUDGET_CAP = {"actor": 32768, "critic": 32768, "ref": 65536}
+"""Largest chosen budget per role (tokens per micro-batch); a forward-only pass (the
+reference) keeps no activations for backward, so it takes twice the training roles'."""
+BUDGET_STEP = 1024
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str
+    value: object
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.key}={self.value}: {self.reason}"
+
+
+def auto_roles(cfg: RootConfig) -> list[str]:
+    """The enabled engine roles whose micro-batching the run leaves to the planner."""
+    roles = ["actor"] + (["critic"] if critic_enabled(cfg) else []) + (["ref"] if reference_enabled(cfg) else [])
+    return [r for r in roles if _unset(getattr(cfg, r))]
+
+
+def _unset(section: EngineRoleConfig) -> bool:
+    return section.micro_batch_size is None and section.max_tokens_per_micro_batch is None
+
+
+def _with_budgets(cfg: RootConfig, budgets: dict[str, int]) -> RootConfig:
+    return dataclasses.replace(cfg, **{role: dataclasses.replace(getattr(cfg, role), max_tokens_per_micro_batch=b)
+                                       for role, b in budgets.items()})
+
+
+def choose(cfg: RootConfig, spec: GPTSpec, options: PlanOptions | None) -> tuple[RootConfig, list[Choice]]:
+    """``cfg`` with the unset micro-batching filled in, and what was chosen. ``options`` None:
+    no GPU to plan for."""
+    roles = auto_roles(cfg)
+    if not roles:
+        return cfg, []
+    seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    if options is None:
+        budget = default_token_budget(seq)
+        budgets = {r: budget for r in roles}
+        why = f"no GPU to plan for: {DEFAULT_BUDGET_ROWS} sequences of {seq} tokens (set trainer.gpu_memory_gib to plan one)"
+        return _with_budgets(cfg, budgets), [Choice(f"{r}.max_tokens_per_micro_batch", budget, why) for r in roles]
+    dp = validate_layout(cfg.actor.megatron, cfg.trainer.world_size, spec.shape, prefix="actor.megatron.")
+    rank_tokens = -(-cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n // dp) * seq
+    budgets = {r: seq for r in roles}  # the least any budget can be: one full-length sequence
+    if not _fits(_with_budgets(cfg, budgets), spec, options):
+        return _with_budgets(cfg, budgets), [
+            Choice(f"{r}.max_tokens_per_micro_batch", seq, "even one full-length sequence per micro-batch leaves "
+                   f"under {1 - HEADROOM:.0%} of the GPU free (verl-mp plan shows why)") for r in roles]
+    choices = []
+    for role in roles:  # grow each role's budget in turn, the others held at what they got
+        cap = max(seq, min(BUDGET_CAP[role], rank_tokens))
+        steps = sorted({seq, cap} | set(range(-(-seq // BUDGET_STEP) * BUDGET_STEP, cap, BUDGET_STEP)))
+        lo, hi = 0, len(steps) - 1  # steps[lo] fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(_with_budgets(cfg, budgets | {role: steps[mid]}), spec, options):
+                lo = mid
+            else:
+                hi = mid - 1
+        budgets[role] = steps[lo]
+        if steps[lo] < cap:
+            limit = f"the largest that keeps every phase under {HEADROOM:.0%} of {options.gpu_memory_gib:.1f} GiB"
+        elif cap == rank_tokens:
+            limit = "all of one data-parallel rank's mini-batch in one micro-batch"
+        else:
+            limit = f"the cap for {role} ({BUDGET_CAP[role]} tokens: larger gains little, RESULTS.md)"
+        choices.append(Choice(f"{role}.max_tokens_per_micro_batch", steps[lo],
+                              f"token-budget micro-batches (rows sorted by length, packed); {limit}"))
+    return _with_budgets(cfg, budgets), choices
+
+
+def _fits(cfg: RootConfig, spec: GPTSpec, options: PlanOptions) -> bool:
+    result = plan(cfg, spec, options)
+    return not result.problems and all(ph.total <= HEADROOM * result.gpu_bytes for ph in result.phases)
+
+
+def render_choices(cfg: RootConfig, spec: GPTSpec, choices: list[Choice]) -> str:
+    """The settings a run gets that it did not set: the planner's choices, and the rollout's
+    resolved defaults, each with its reason."""
+    lines = ["settings chosen for this run (set a key to override it):"]
+    lines += [f"  {c.line()}" for c in choices]
+    for role in ("actor", "critic", "ref"):
+        section = getattr(cfg, role)
+        if role not in [c.key.split(".")[0] for c in choices] and (role == "actor" or (
+                critic_enabled(cfg) if role == "critic" else reference_enabled(cfg))):
+            how = (f"max_tokens_per_micro_batch={section.max_tokens_per_micro_batch}"
+                   if section.max_tokens_per_micro_batch is not None else f"micro_batch_size={section.micro_batch_size}")
+            lines.append(f"  {role}.{how}: set by the run")
+    sleep = cfg.rollout.sleep_level
+    if sleep is None:
+        sleep = 1 if spec.moe is not None else 2
+        lines.append(f"  rollout.sleep_level={sleep}: {'a mixture of experts keeps its weights asleep in CPU memory (level 1)' if sleep == 1 else 'a dense model drops its weights while training (level 2): the sync rewrites them'}")
+    else:
+        lines.append(f"  rollout.sleep_level={sleep}: set by the run")
+    lines.append(f"  rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization}: vLLM's share of the GPU "
+                 "while it generates (the KV cache is the rest of it after the weights; the table shows its tokens)")
+    return "\n".join(lines)
