@@ -8,4 +8,4 @@ pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir)
 "${pip[@]}" --target "$target/site" "$kit"/wheels/*.whl
 "${pip[@]}" --target "$target/verl-transformers" "$kit"/verl-transformers/*.whl
 rm -rf "$target/site/bin" "$target/verl-transformers/bin"
-PYTHONPATH="$target/site" python3 -c "import trl, verl; print('trl', trl.__version__, 'verl', verl.__version__, 'ready')"
+PYTHONPATH="$target/site" python3 -c "import importlib.metadata as m, trl; print('trl', trl.__version__, 'verl', m.version('verl'), 'ready')"  # verl imports ray: checked in its run
