@@ -94,8 +94,13 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
         || { tail -5 "$OUT/peers_install.log"; exit 1; } ;;
     trl) export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD
       [ -d /tmp/peers/site ] || { echo "no /tmp/peers: run peers_verl_mp first on this machine"; exit 1; } ;;
-    verl) [ -d /tmp/peers/site ] || { echo "no /tmp/peers: run peers_verl_mp first on this machine"; exit 1; }
-      bash .gpu-ray/ray-kit/install.sh .gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 \
+    verl)  # after peers_trl on the same machine (carry .gpu-ray), or on a fresh one after `stash` and
+      # `stash_peers` (carry .gpu-vllm/part2 + .whl: the three kits do not fit one call)
+      local kits=.; [ -d .gpu-ray ] || kits=~/peers_stash
+      [ -d ~/vllm026/site ] || setup_python
+      [ -d /tmp/peers/site ] || bash $kits/.gpu-peers/peers-kit/install.sh $kits/.gpu-peers/peers-kit /tmp/peers \
+        > "$OUT/peers_install.log" 2>&1 || { tail -5 "$OUT/peers_install.log"; exit 1; }
+      bash $kits/.gpu-ray/ray-kit/install.sh $kits/.gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 \
         || { tail -5 "$OUT/ray_install.log"; exit 1; } ;;
   esac
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
@@ -389,6 +394,7 @@ PY
 
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
+  stash_peers) mkdir -p ~/peers_stash && cp -r .gpu-ray .gpu-peers ~/peers_stash/ && du -sh ~/peers_stash ;;  # for peers_verl
   stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine
   grpo21) run_grpo21 "${2:-0.4}" ;;
   bench14) run_bench14 ;;
