@@ -112,5 +112,5 @@ def test_verl_mp_plan_prints_the_choices_with_reasons(body, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "settings chosen for this run" in out
-    assert "actor.max_tokens_per_micro_batch=32768: token-budget micro-batches" in out and "the cap for actor" in out
+    assert "actor.max_tokens_per_micro_batch=16384: token-budget micro-batches" in out and "the cap for actor" in out
     assert "rollout.sleep_level=2: a dense model" in out and "rollout.gpu_memory_utilization=0.4" in out

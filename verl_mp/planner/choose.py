@@ -4,9 +4,8 @@
 neither ``micro_batch_size`` nor ``max_tokens_per_micro_batch`` given a token budget
 (``max_tokens_per_micro_batch``: rows sorted by length, packed up to the budget), and a
 `Choice` per decision with its reason. The budget is the largest that keeps every phase of
-the plan under `HEADROOM` of the GPU, up to `BUDGET_CAP` (measured: the 1.5B train step
-gains ~5% from 16k to 32k tokens per micro-batch on an H200, benchmarks/RESULTS.md) and to
-the tokens one data-parallel rank holds in a mini-batch (a larger budget changes nothing).
+the plan under `HEADROOM` of the GPU, up to `BUDGET_CAP` and to the tokens one
+data-parallel rank holds in a mini-batch (a larger budget changes nothing).
 Without a GPU to plan for (a CPU run, no ``trainer.gpu_memory_gib``), the budget is
 `default_token_budget`: 4 full-length sequences, the worst case of the former default of 4 rows.
 
@@ -28,9 +27,13 @@ from verl_mp.planner.plan import PlanOptions, plan
 HEADROOM = 0.9
 """Chosen settings keep every phase under this share of the GPU: room for the allocator's
 fragmentation and the estimates' error (calibrated within 1% on the H200's train step)."""
-BUDGET_CAP = {"actor": 32768, "critic": 32768, "ref": 65536}
+BUDGET_CAP = {"actor": 16384, "critic": 16384, "ref": 32768}
 """Largest chosen budget per role (tokens per micro-batch); a forward-only pass (the
-reference) keeps no activations for backward, so it takes twice the training roles'."""
+reference) keeps no activations for backward, so it takes twice the training roles'.
+Measured on one H200 (benchmarks/RESULTS.md, "verl_mp, verl and TRL side by side"): in the
+GRPO loop of the 1.5B body a 32768-token actor budget updated slower than 18432 (3.2 s vs
+2.9 s a step) and filled the card to 139.3 of 140.4 GiB (cached blocks of micro-batches of
+varying shapes); the engine alone gained ~5% from 16k to 32k tokens."""
 BUDGET_STEP = 1024
 
 
@@ -95,7 +98,7 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: PlanOptions | None) -> tuple
         elif cap == rank_tokens:
             limit = "all of one data-parallel rank's mini-batch in one micro-batch"
         else:
-            limit = f"the cap for {role} ({BUDGET_CAP[role]} tokens: larger gains little, RESULTS.md)"
+            limit = f"the cap for {role} ({BUDGET_CAP[role]} tokens: larger measured no faster, RESULTS.md)"
         choices.append(Choice(f"{role}.max_tokens_per_micro_batch", steps[lo],
                               f"token-budget micro-batches (rows sorted by length, packed); {limit}"))
     return _with_budgets(cfg, budgets), choices
