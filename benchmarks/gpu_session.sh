@@ -106,9 +106,12 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
   mkdir -p "$res"
   local runs=("$peer"); [ "$peer" = verl_mp ] && runs=(verl_mp verl_mp_defaults)
+  # on a machine of its own, verl gets a verl_mp run beside it (ANCHOR_STEPS steps): ratios only within one machine
+  [ "$peer" = verl ] && [ -n "${ANCHOR_STEPS:-}" ] && runs=(verl verl_mp_anchor)
   for p in "${runs[@]}"; do
-    CUDA_VISIBLE_DEVICES=0 timeout "${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)}" env ${PEER_JOB:-} \
-      bash benchmarks/peers/run.sh "$p" "$res/$p"
+    local limit=${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-}
+    [ "$p" = verl_mp_anchor ] && limit=${ANCHOR_S:-150} job="$job STEPS=$ANCHOR_STEPS"
+    CUDA_VISIBLE_DEVICES=0 timeout "$limit" env $job bash benchmarks/peers/run.sh "$p" "$res/$p"
     echo "peer $p rc=$?"
     grep -E "Error|error:|Traceback" "$res/$p/$p.log" 2>/dev/null | tail -4 | cut -c1-400
   done

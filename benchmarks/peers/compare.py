@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-PEERS = ("verl_mp", "verl_mp_defaults", "verl", "trl")
+PEERS = ("verl_mp", "verl_mp_defaults", "verl_mp_anchor", "verl", "trl")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -76,7 +76,8 @@ def _rows_trl(d: Path, samples: int) -> list[dict]:
     return rows
 
 
-READERS = {"verl_mp": _rows_verl_mp, "verl_mp_defaults": _rows_verl_mp, "verl": _rows_verl, "trl": _rows_trl}
+READERS = {"verl_mp": _rows_verl_mp, "verl_mp_defaults": _rows_verl_mp, "verl_mp_anchor": _rows_verl_mp,
+           "verl": _rows_verl, "trl": _rows_trl}
 
 
 def _med(values):

@@ -3,6 +3,7 @@
 # same model and prompts (prepare.py, written once into WORK), one GPU.
 #
 # Usage: bash benchmarks/peers/run.sh PEER OUT_DIR      PEER: verl_mp | verl_mp_defaults | verl | trl
+#   (verl_mp_anchor: verl_mp's tuned run again, beside a peer that ran on another machine)
 # Job (env, defaults): SIZE=1.5b VOCAB=tiny PROMPTS=64 N=8 MAX_NEW=1024 STEPS=5 UTIL=0.4
 #   MAX_TOKENS=18432 (token budget per micro-batch: verl_mp and verl) MICRO=32 (rows per
 #   micro-batch: TRL, which has no token budget) IGNORE_EOS=false WORK=/tmp/peers_work
@@ -42,7 +43,7 @@ fi
 trap '[ -n "$mem_pid" ] && kill "$mem_pid" 2>/dev/null; true' EXIT
 start=$(date +%s)
 case "$peer" in
-  verl_mp|verl_mp_defaults)
+  verl_mp|verl_mp_defaults|verl_mp_anchor)
     # verl_mp: the tuned settings of benchmarks/RESULTS.md's fastest GRPO step on one H200
     # (token-budget micro-batches of 18432 tokens, vLLM's weights kept on the GPU between steps);
     # verl_mp_defaults: only the job's settings, the rest left to the defaults and the planner
@@ -84,7 +85,7 @@ case "$peer" in
     PYTHONPATH=$PEERS_SITE:$VLLM_SITE:$repo "$PY" "$HERE/trl_grpo.py" --model "$WORK/model" \
       --data "$WORK/data/train.parquet" --out "$out" --prompts "$PROMPTS" --n "$N" --max-new "$MAX_NEW" \
       --steps "$STEPS" --micro "$MICRO" --util "$UTIL" "${cpu[@]}" "${eos[@]}" > "$out/trl.log" 2>&1 ;;
-  *) echo "run.sh: unknown peer '$peer' (verl_mp, verl_mp_defaults, verl or trl)" >&2; exit 2 ;;
+  *) echo "run.sh: unknown peer '$peer' (verl_mp, verl_mp_defaults, verl_mp_anchor, verl or trl)" >&2; exit 2 ;;
 esac
 echo "{\"peer\": \"$peer\", \"wall_s\": $(( $(date +%s) - start ))}" > "$out/wall.json"
 echo "run.sh: $peer done in $(( $(date +%s) - start )) s ($out)"
