@@ -51,6 +51,12 @@
 #   peers_trl    : right after peers_verl_mp on the same machine, carry nothing: TRL on the same job.
 #   peers_verl   : right after, carry .gpu-ray: verl on the same job, then the three-way table (compare.py).
 #                  Each peers_* call tars all results so far to $OUT/peers_results.tgz and prints the table.
+#   logprobs39 W : after `stash`, carry .gpu-vllm/part2 + .whl (issue 39 item 1): rollout log-probs from vLLM's
+#                  sampler (patches/vllm_sampled_logprobs.py). W=test: tests/gpu/test_sampled_logprobs_gpu.py with
+#                  Model Runner V2 (vLLM 0.26's default for a dense model) and with the V1 runner (~3-4 min);
+#                  W=standalone: vLLM alone, 1.5B body, 256 x 8 x <= 1024 new tokens, without log-probs, with
+#                  logprobs=0 and with the sampler's, interleaved, plus the two compared token by token (~5 min);
+#                  W=project: the project's rollout the same three ways (~5-6 min).
 #   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 # Logs and JSON results go to $OUT; the tables are printed last.
@@ -323,6 +329,35 @@ run_validate() {  # after `stash`, carry .gpu-vllm/part2 + .whl: the GPU checks 
   sync_after_sleep local awake,level1,level2,keep
 }
 
+run_logprobs39() {  # issue 39 item 1: test | standalone | project (see the header)
+  setup_python
+  local model=/tmp/bd_work/model
+  [ -e $model/config.json ] || python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; \
+save_tiny_qwen2('$model', num_kv_heads=2, max_position_embeddings=1152, dtype=torch.bfloat16, hidden_size=1536, \
+num_layers=28, num_heads=12, intermediate_size=8960)"
+  case "$1" in
+    test)
+      for runner in v2 v1; do  # v2: vLLM's default for this dense model; v1: VLLM_USE_V2_MODEL_RUNNER=0
+        local pick=(); [ $runner = v1 ] && pick=(VLLM_USE_V2_MODEL_RUNNER=0)
+        CUDA_VISIBLE_DEVICES=0 env "${pick[@]}" timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_sampled_logprobs_gpu.py -k tp1 \
+          > "$OUT/lp39_test_$runner.log" 2>&1
+        echo "sampled log-probs GPU test ($runner runner) rc=$?"
+        grep -E '^\[\{|passed|failed|Error' "$OUT/lp39_test_$runner.log" | cut -c1-700 | tail -4
+      done ;;
+    standalone)  # without torchrun (under its environment vLLM's own TCP rendezvous hangs)
+      CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/rollout_speed.py --mode standalone --model $model \
+        --prompts 256 --n 8 --max-new-tokens 1024 --repeats ${REPEATS:-1} --warmup-prompts 32 \
+        --cases no_logprobs,logprobs,sampler_logprobs --out "$OUT/lp39_standalone.json" > "$OUT/lp39_standalone.log" 2>&1
+      echo "standalone rc=$?"; grep -E '^[{]' "$OUT/lp39_standalone.log" | tail -1 ;;
+    project)
+      CUDA_VISIBLE_DEVICES=0 timeout 560 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+        benchmarks/rollout_speed.py --mode project --model $model --prompts 256 --n 8 --max-new-tokens 1024 \
+        --repeats ${REPEATS:-1} --out "$OUT/lp39_project.json" > "$OUT/lp39_project.log" 2>&1
+      echo "project rc=$?"; grep -E '^[{]' "$OUT/lp39_project.log" | tail -1 ;;
+    *) echo "usage: gpu_session.sh logprobs39 test|standalone|project"; exit 2 ;;
+  esac
+}
+
 standalone_repeats() {  # REPEATS TIMEOUT_S: vLLM alone on breakdown's model (the 1.5B body, tiny vocabulary) and batch
   # (256 prompts x 8 x <= 1024 new tokens), REPEATS times in one process, each repeat kept
   python3 -c "import torch; from verl_mp.demo.tiny_models import save_tiny_qwen2; save_tiny_qwen2('/tmp/bd_work/model', \
@@ -410,6 +445,7 @@ case "$phase" in
   profile) run_profile ;;
   mfu) run_mfu ;;
   breakdown) run_breakdown ;;
+  logprobs39) run_logprobs39 "${2:-}" ;;
   syncloop)  # after `stash`, carry .gpu-vllm/part2 + .whl: the sync in place vs through buckets, after each kind of
     # sleep (SYNC_MODES=none skips it), then the breakdown with the weights kept (SPEED_S=0 skips its vLLM-alone run)
     setup_python; [ "${SYNC_MODES:-}" = none ] || sync_after_sleep ${SYNC_MODES:-local,local_buckets} awake,keep,level2; KEEP_WEIGHTS=${KEEP_WEIGHTS:-true} run_breakdown ;;

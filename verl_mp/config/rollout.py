@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 ROLLOUT_BACKENDS = ("vllm", "hf")
 WEIGHT_SYNC_MODES = ("auto", "gather", "local")
 ROUTING_CAPTURE = ("hooks", "vllm")
+LOGPROBS_SOURCES = ("sampler", "vllm")
 SEED_SCOPES = ("batch", "request")
 
 
@@ -31,8 +32,9 @@ class SamplingConfig:
     what the uninterrupted run did); None draws from the engine's RNG."""
     logprobs: bool = True
     """Return each sampled token's log-prob (the rollout policy's). The trainer asks for them
-    only on the steps that use them (``rollout.logprob_gap_freq``): vLLM builds one Python
-    object per token for them, which costs 2-4x generation speed on a GPU."""
+    only on the steps that use them (``rollout.logprob_gap_freq``, every step by default); with
+    ``rollout.logprobs_source=sampler`` (the default) they cost no generation speed, with
+    ``vllm`` vLLM builds one Python object per token (2-4x slower generation on a GPU)."""
     seed_scope: str = "batch"
     """``batch``: the engine's RNG is seeded once per generate call (vLLM samples all
     requests in one batched op; results depend on the rollout layout and batch).
@@ -113,7 +115,16 @@ class RolloutConfig:
     logprob_gap_freq: int = 1
     """Every N steps the rollout returns its log-probs and the trainer logs (and checks
     against ``logprob_diff_threshold``) the rollout-vs-trainer gap ``rollout/logprob_diff_*``;
-    0 never. N > 1 lets generation run at vLLM's full speed on the other steps."""
+    0 never. With ``logprobs_source=sampler`` asking costs nothing, so every step is the
+    default; with ``logprobs_source=vllm``, N > 1 lets generation run at vLLM's full speed on
+    the other steps."""
+    logprobs_source: str = "sampler"
+    """Where the vLLM rollout takes the sampled tokens' log-probs from. ``sampler``: one tensor
+    per engine step from vLLM's sampler (``patches/vllm_sampled_logprobs.py``): the values of
+    vLLM's own ``logprobs=0`` (processed: after temperature and top-k/top-p), bit for bit, at
+    the speed of sampling without log-probs. ``vllm``: vLLM's ``logprobs=0`` (ranks and one
+    Python object per token: 2-2.6x slower generation measured on an H200), for a vLLM whose
+    sampler the shim does not know."""
     logprob_diff_threshold: float | None = None
     """Stop training when max |rollout log-prob - trainer log-prob| exceeds this after a
     sync (fail fast on a silent weight-sync bug); None only logs the metric."""
@@ -132,6 +143,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.weight_sync_mode={self.weight_sync_mode!r} is not one of {WEIGHT_SYNC_MODES}")
         if self.logprob_gap_freq < 0:
             raise ValueError(f"rollout.logprob_gap_freq={self.logprob_gap_freq} must be >= 0 (0: never)")
+        if self.logprobs_source not in LOGPROBS_SOURCES:
+            raise ValueError(f"rollout.logprobs_source={self.logprobs_source!r} is not one of {LOGPROBS_SOURCES}")
         if self.routing_capture not in ROUTING_CAPTURE:
             raise ValueError(f"rollout.routing_capture={self.routing_capture!r} is not one of {ROUTING_CAPTURE}")
         if self.weight_sync_bucket_mb < 1:

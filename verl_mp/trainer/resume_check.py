@@ -43,7 +43,7 @@ MAY_DIFFER = (
     "trainer.peak_tflops", "trainer.export_hf_at_end", "trainer.gpu_memory_gib",
     "*.megatron", "*.megatron.*", "*.micro_batch_size", "*.max_tokens_per_micro_batch", "*.offload", "*.offload.*",
     "*.remove_padding", "*.attention_backend", "*.recompute", "*.recompute_modules", "*.recompute_num_layers",
-    "rollout.logprob_gap_freq", "trainer.save_on_interrupt",
+    "rollout.logprob_gap_freq", "rollout.logprobs_source", "trainer.save_on_interrupt",
     "ref.optim.*", "actor.moe.grouped_gemm",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.load_format", "rollout.sleep_level", "rollout.keep_weights_on_gpu",
