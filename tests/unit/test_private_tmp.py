@@ -67,6 +67,14 @@ def test_another_users_directory_is_refused(tmp_root):
         shm.record_segments()
 
 
+def test_a_run_lock_directory_planted_as_a_link_is_refused(tmp_root, tmp_path):
+    from verl_mp.utils import procs
+
+    (tmp_root / f"{procs.RUN_LOCK_DIR_NAME}-{os.getuid()}").symlink_to(tmp_path)
+    with pytest.raises(fs.UnsafePathError, match="is a symbolic link"):
+        procs.begin_run()
+
+
 def test_files_are_never_written_or_read_through_links(tmp_root, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")

@@ -57,7 +57,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
     from verl_mp.utils import procs, shm
 
     procs.reap_orphaned_runs()  # processes of runs whose driver was killed
-    run_id = shm.begin_run()  # inherited by every process of the run: its identity
+    run_id = procs.begin_run()  # inherited by every process of the run: its identity; locked
     started = time.monotonic()
     with StopOnSignal(lambda: request_stop(out_dir)) as stop:
         try:
@@ -67,6 +67,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
                 _run_ray(cfg, plan, stop, verbose)
         finally:
             procs.reap_run(run_id)  # what the ranks left (a killed rank's children)
+            procs.end_run()
             shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg, started)
     if stop.requested:

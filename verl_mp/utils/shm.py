@@ -43,30 +43,16 @@ _atexit_registered = False
 
 
 def new_run_id() -> str:
-    """``vmp<pid>h<host>x<hex>``: the driver's pid and host (`verl_mp.utils.procs` ends a run's
-    leftovers only on the host whose pid it names), short (segment names have a length
-    limit) and unique per run."""
-    return f"vmp{os.getpid()}h{host_tag()}x{secrets.token_hex(4)}"
-
-
-def host_tag() -> str:
-    import socket
-    import zlib
-
-    return f"{zlib.crc32(socket.gethostname().encode()) & 0xFFFF:04x}"
+    """``vmp<pid>x<hex>``: short (segment names have a length limit) and unique per run. A
+    driver makes its run's identity with `verl_mp.utils.procs.begin_run`, which also takes the
+    run's lock (what tells a live run from an orphaned one)."""
+    return f"vmp{os.getpid()}x{secrets.token_hex(4)}"
 
 
 def ensure_run_id() -> str:
     """This process's run identity, created (and exported to children) when missing."""
     if not os.environ.get(RUN_ID_ENV):
         os.environ[RUN_ID_ENV] = new_run_id()
-    return os.environ[RUN_ID_ENV]
-
-
-def begin_run() -> str:
-    """A fresh identity for a run this process drives (never one inherited from whatever
-    started it: the driver ends every process carrying its run's identity when it is done)."""
-    os.environ[RUN_ID_ENV] = new_run_id()
     return os.environ[RUN_ID_ENV]
 
 
