@@ -179,3 +179,19 @@ def test_a_reused_pid_is_never_signalled(mode):
     proc = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
                            textwrap.dedent(REUSE), mode], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_lock_files_of_gone_drivers_and_earlier_boots_are_removed():
+    from verl_mp.utils.fs import private_dir
+
+    directory = private_dir(procs.RUN_LOCK_DIR_NAME)
+    earlier = os.path.join(directory, "vmp1x0000beef.lock")
+    with open(earlier, "w") as f:
+        json.dump({"pid": 1, "start_ticks": 1, "boot_id": "an-earlier-boot", "pid_namespace": procs.pid_namespace()}, f)
+    driver = Driver()
+    try:
+        driver.kill()
+        procs.reap_orphaned_runs()
+        assert not os.path.exists(earlier) and not os.path.exists(procs._lock_path(driver.run_id))
+    finally:
+        driver.cleanup()

@@ -289,33 +289,46 @@ def end_run() -> None:
 
 
 def orphaned(run_id: str) -> bool:
-    """Whether run ``run_id`` was begun on this machine (its lock file is here) and its
-    driver is gone: nobody holds the lock and the driver's process (pid, start time, boot,
-    pid namespace as recorded) does not run."""
+    """Whether run ``run_id`` was begun on this machine in this boot (its lock file is here)
+    and its driver is gone: nobody holds the lock and the driver's process (pid and start
+    time in this pid namespace, as recorded) does not run."""
+    return _driver_state(run_id) == "gone"
+
+
+def _driver_state(run_id: str) -> str:
+    """``live`` (the lock is held), ``gone`` (see `orphaned`), ``earlier boot`` (a lock file
+    left by a run before the last reboot) or ``unknown`` (no lock file here, unreadable, or
+    of another pid namespace)."""
     if "/" in run_id or not run_id:
-        return False
+        return "unknown"
     path = _lock_path(run_id)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return "unknown"
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as err:
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return False  # its driver lives
+                return "live"
             raise
         try:
             info = json.loads(read_private_file(path))
         except (OSError, ValueError):
-            return False
+            return "unknown"  # being written by a driver that is starting
     finally:
         os.close(fd)
-    if info.get("boot_id") != boot_id() or info.get("pid_namespace") != pid_namespace():
-        return False
+    if not isinstance(info, dict):
+        return "unknown"
+    if info.get("boot_id") != boot_id():
+        return "earlier boot"
+    if info.get("pid_namespace") != pid_namespace():
+        return "unknown"
     pid, ticks = info.get("pid"), info.get("start_ticks")
-    return isinstance(pid, int) and (start_ticks(pid) != ticks or _is_zombie(pid))
+    if not isinstance(pid, int):
+        return "unknown"
+    return "gone" if start_ticks(pid) != ticks or _is_zombie(pid) else "live"
 
 
 def reap_orphaned_runs() -> list[int]:
@@ -340,7 +353,7 @@ def _remove_stale_locks() -> None:
     live = {p.run_id for p in find_processes()}
     for name in os.listdir(directory):
         run_id = name.removesuffix(".lock")
-        if name.endswith(".lock") and run_id not in live and orphaned(run_id):
+        if name.endswith(".lock") and run_id not in live and _driver_state(run_id) in ("gone", "earlier boot"):
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
