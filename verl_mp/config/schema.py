@@ -297,8 +297,11 @@ class RewardConfig:
     max_calls_per_worker: int = 1000
     """Calls after which a reward worker is replaced by a fresh one (leaks do not pile up)."""
     pass_env: list[str] = field(default_factory=list)
-    """Environment variables reward workers keep although they look secret (``*_TOKEN``,
-    ``*_API_KEY``, ...: removed otherwise), e.g. the key of an LLM judge's API."""
+    """Environment variables passed to reward workers (names or ``fnmatch`` patterns, e.g.
+    ``[JUDGE_API_KEY, JUDGE_*]``). Workers get only an allowlist otherwise: PATH, HOME, the
+    locale, TMPDIR, ``PYTHON*``, ``VERL_MP_*``, library, certificate and cache paths, thread
+    counts (`verl_mp.reward.worker_proc.WORKER_ENV_NAMES`); never tokens, keys, database URLs,
+    webhooks or proxies unless named here."""
 
     def __post_init__(self) -> None:
         for name in ("memory_limit_mb", "cpu_limit_s", "max_open_files", "max_processes"):

@@ -5,9 +5,9 @@ pool would block forever. Calls run in a few worker processes
 (`verl_mp.reward.worker_proc`), each started with ``subprocess`` in a session of its own:
 
 - **Contained**: a worker runs under ``setrlimit`` limits (address space, CPU time, open
-  files; processes where that is meaningful, `WorkerLimits`), with an environment without
-  secret-looking variables (``*_TOKEN``, ``*_API_KEY``, ...; ``pass_env`` lets named ones
-  through) and without GPUs (``CUDA_VISIBLE_DEVICES=""``). Every process a reward function
+  files; processes where that is meaningful, `WorkerLimits`), with an allowlisted
+  environment (what Python, locale, libraries and certificates need: `worker_env`; anything
+  else only through ``pass_env``) and without GPUs (``CUDA_VISIBLE_DEVICES=""``). Every process a reward function
   starts belongs to the worker's process group and is killed with it (``killpg``). A
   worker is replaced after ``max_calls_per_worker`` calls, so leaks do not build up.
 - **Timeouts that cannot be cancelled silently**: in the worker, ``SIGALRM``
@@ -125,6 +125,10 @@ class RewardExecutor:
         self.limits = limits or WorkerLimits()
         self.max_calls_per_worker = max_calls_per_worker
         self.pass_env = tuple(pass_env)
+        unset = [name for name in self.pass_env if not any(c in name for c in "*?[") and name not in os.environ]
+        if unset and num_workers > 0:
+            logger.warning("reward.pass_env names %s, unset in this environment: reward workers will not have "
+                           "them either", unset)
         self.kill_grace_s, self.start_timeout_s = kill_grace_s, start_timeout_s
         self._workers: list[_Worker] = []
 
