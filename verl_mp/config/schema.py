@@ -303,7 +303,17 @@ class RewardConfig:
     counts (`verl_mp.reward.worker_proc.WORKER_ENV_NAMES`); never tokens, keys, database URLs,
     webhooks or proxies unless named here."""
 
+    max_failure_fraction: float = 0.5
+    """The run stops when more than this fraction of one reward function's calls in a step
+    fail (raise, return a non-number or NaN, time out), naming the function and its first
+    errors: a function that fails for most samples (a bug, a judge service that is down) would
+    otherwise train on zeros. Failed calls below it score 0 (counted in reward/num_failed,
+    reward/num_timeout). 1.0: never stop."""
+
     def __post_init__(self) -> None:
+        if not 0.0 <= self.max_failure_fraction <= 1.0:
+            raise ValueError(f"reward.max_failure_fraction={self.max_failure_fraction} must be in [0, 1] "
+                             "(1: never stop for failed reward calls)")
         for name in ("memory_limit_mb", "cpu_limit_s", "max_open_files", "max_processes"):
             value = getattr(self, name)
             if value is not None and value < 1:

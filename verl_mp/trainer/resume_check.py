@@ -52,7 +52,7 @@ MAY_DIFFER = (
     "rollout.logprob_diff_threshold", "rollout.val_sampling.*",
     "data.val_files", "data.val_batch_size", "reward.num_workers", "reward.timeout_s",
     "reward.memory_limit_mb", "reward.cpu_limit_s", "reward.max_open_files", "reward.max_processes",
-    "reward.max_calls_per_worker", "reward.pass_env",
+    "reward.max_calls_per_worker", "reward.pass_env", "reward.max_failure_fraction",
 )
 """Dotted config keys (fnmatch patterns) that may change between a run and its resume."""
 

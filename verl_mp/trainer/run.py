@@ -122,7 +122,7 @@ def _run_ray(cfg, plan, stop, verbose: bool) -> None:
             inputs = build_inputs(cfg, score_rewards=True)
             trainer = RLTrainer(cfg, plan, inputs, workers, should_stop=lambda: stop.requested)
             trainer.fit()
-        except WorkerError as err:
+        except (WorkerError, RunFailed) as err:  # a rank's error, or the driver's (too many reward failures)
             where = f"phase {trainer.phase_name} of step {trainer.step_no}" if trainer else "start-up"
             raise RunFailed(f"{err} ({where})") from err
         finally:
