@@ -77,6 +77,7 @@ class RLTrainer:
                                     record_routing=cfg.actor.router_replay == "rollout")
         self.step_no, self.phase_name = 0, "start-up"
         described = workers.describe()
+        self.source.routing_model = described["actor_rollout_ref"].get("routing")
         self.flop_params = described["actor_rollout_ref"]["flop_params"]
         self.world_size = sum(d["world_size"] for name, d in described.items() if name != "reward_model")
         if self.is_main:

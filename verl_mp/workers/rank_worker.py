@@ -275,6 +275,10 @@ class RankWorker:
                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         if self.actor is not None:
             info["flop_params"] = flop_params(self.actor.spec)
+            moe = self.actor.spec.moe
+            if moe is not None:  # what routed-experts tables must match (`verl_mp.models.routing`)
+                info["routing"] = {"num_layers": self.actor.spec.num_layers, "num_experts": moe.num_experts,
+                                   "top_k": moe.top_k}
         return info
 
     def close(self) -> None:
