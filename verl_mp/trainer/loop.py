@@ -35,7 +35,13 @@ from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
 from verl_mp.trainer.dynamic_sampling import ScoredSamples, fill_groups
 from verl_mp.trainer.pool_clock import PoolClock
-from verl_mp.trainer.resume_check import FINGERPRINT_KEY, check_resume, model_fingerprint
+from verl_mp.trainer.resume_check import (
+    DATA_FINGERPRINT_KEY,
+    FINGERPRINT_KEY,
+    check_resume,
+    data_fingerprint,
+    model_fingerprint,
+)
 from verl_mp.trainer.rollout_source import Generation, RolloutSource
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
@@ -296,6 +302,7 @@ class RLTrainer:
                 if self.is_main:
                     state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                              "step": step, FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path),
+                             DATA_FINGERPRINT_KEY: data_fingerprint(self.cfg.data.train_files),
                              "rollout_source": self.source.state_dict()}
                     with open(os.path.join(staging, "trainer_state.json"), "w") as f:
                         json.dump(state, f)
