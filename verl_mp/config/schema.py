@@ -73,7 +73,9 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     skip_bad_rows: bool = False
-    """Skip (and count) malformed rows instead of stopping at the first one."""
+    """Skip (and count) bad rows instead of stopping at the first one: rows that break the
+    schema, text that is not UTF-8, prompts the chat template raises on, the rows of a row
+    group whose pages are corrupt. Without it the run stops naming the file, row and cause."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """Drop groups of equal rewards and refill the batch (needs rollout.sampling.n > 1)."""
 
