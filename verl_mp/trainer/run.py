@@ -99,7 +99,7 @@ def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
 def _run_ray(cfg, plan, stop, verbose: bool) -> None:
     import ray
 
-    from verl_mp.trainer.loop import RLTrainer
+    from verl_mp.trainer.loop import CheckpointWriteError, RLTrainer
     from verl_mp.trainer.setup import build_inputs
     from verl_mp.workers.groups import WorkerError, WorkerGroups
     from verl_mp.workers.ray_group import build_ray_groups
@@ -122,7 +122,8 @@ def _run_ray(cfg, plan, stop, verbose: bool) -> None:
             inputs = build_inputs(cfg, score_rewards=True)
             trainer = RLTrainer(cfg, plan, inputs, workers, should_stop=lambda: stop.requested)
             trainer.fit()
-        except (WorkerError, RunFailed) as err:  # a rank's error, or the driver's (too many reward failures)
+        except (WorkerError, RunFailed, CheckpointWriteError) as err:
+            # a rank's error, or the driver's: too many reward failures, a full disk at a checkpoint
             where = f"phase {trainer.phase_name} of step {trainer.step_no}" if trainer else "start-up"
             raise RunFailed(f"{err} ({where})") from err
         finally:

@@ -12,6 +12,7 @@ planted; `write_private_file` writes into it without following links.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -51,6 +52,31 @@ def write_file_durably(path: str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp_path, path)
     fsync_path(os.path.dirname(path) or ".")
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""No space, over quota, past the file size limit (RLIMIT_FSIZE): nothing more fits."""
+
+
+def disk_full_error(err: BaseException) -> OSError | None:
+    """The OSError of a full disk (`DISK_FULL_ERRNOS`) that caused ``err``, if one did: ``err``
+    itself, its causes and contexts, a Ray task error's ``cause`` (the worker's exception) or
+    the per-rank ``failures`` of torch's ``CheckpointException`` (megatron's DCP writer, whose
+    writer processes' errors come back as ``RuntimeError("Worker failure: ...")`` caused by
+    them)."""
+    todo, seen = [err], set()
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        todo += [exc.__cause__, exc.__context__, getattr(exc, "cause", None)]
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
 
 
 def publish_dir(staging: str, final: str, old: str) -> None:
