@@ -299,6 +299,7 @@ def test_routing_replay_forces_the_given_experts(env, layout):
         forced = torch.where(routing >= 0, (routing + 1) % 4, routing)  # as progs/moe_checks.forced_routing
         assert torch.equal(torch.tensor(r["forced_used"])[real], forced[real]), kind
         assert torch.equal(torch.tensor(r["train_used"])[real], forced[real]), kind
+        assert "the routed_experts to replay: expert ids must be [0, 4)" in r["corrupt_refused"], (kind, r["corrupt_refused"])
         reference = hf_forced_log_probs(env["models"][kind], ids, mask, forced)
         got = torch.tensor(r["forced"])
         diff, moved = compare(got, reference, mask), compare(got, natural, mask)

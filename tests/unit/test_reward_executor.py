@@ -171,10 +171,10 @@ def test_environment_has_no_secrets_and_no_gpu(fns, monkeypatch):
     assert outcome.extras == {"secret_in_proc": 0.0, "secret_in_os": 0.0, "judge_key": 1.0, "gpu_hidden": 1.0}
 
 
-def test_worker_env_drops_secret_names_only():
+def test_worker_env_is_an_allowlist():
     env = worker_env({"HF_TOKEN": "x", "AWS_SECRET_ACCESS_KEY": "x", "RAY_AUTH_TOKEN": "x", "MY_KEY": "x",
                       "MAX_NEW_TOKENS": "5", "PATH": "/bin", "OMP_NUM_THREADS": "4"})
-    assert env["PATH"] == "/bin" and env["MAX_NEW_TOKENS"] == "5" and env["OMP_NUM_THREADS"] == "4"
+    assert env["PATH"] == "/bin" and "MAX_NEW_TOKENS" not in env and env["OMP_NUM_THREADS"] == "4"
     assert not {"HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "RAY_AUTH_TOKEN", "MY_KEY"} & set(env)
     assert env["CUDA_VISIBLE_DEVICES"] == ""
 

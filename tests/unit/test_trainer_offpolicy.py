@@ -57,8 +57,8 @@ class _OrderedRollout:
                 _, prompts, sampling, record_routing = item
                 resp = [[p[0], sampling.seed, self.version] for p in prompts for _ in range(N)]
                 # routing [prompt + response, 2 layers, k=2] that names the sample and the weights
-                routing = [torch.full((1 + len(r), 2, 2), r[0] * 10 + self.version, dtype=torch.int16)
-                           for r in resp] if record_routing else None
+                routing = [(torch.full((1 + len(r), 2, 2), r[0] * 10 + self.version) + torch.tensor([0, 1])).short()
+                           for r in resp] if record_routing else None  # a token's two experts are distinct
                 self.done[i] = RolloutOutput(prompt_ids=prompts, response_ids=resp,
                                              response_logprobs=[[-0.5] * 3 for _ in resp], n=N,
                                              finished=[True] * len(resp), wall_start=1.0 * i, wall_end=i + 0.5,

@@ -3,13 +3,16 @@
 Secrets: a value given as ``${oc.env:NAME}`` is resolved for the run but written out
 (`to_yaml`: the log, the saved ``config.yaml``, checkpoints, TensorBoard/W&B) as the
 reference ``${oc.env:NAME}``, never as its value; ranks that read ``config.yaml`` resolve it
-from their own (inherited) environment. A config field whose name looks like a secret
-(`verl_mp.utils.secrets.looks_secret`) must be given that way: a literal value is refused.
+from their own (inherited) environment. Every other interpolation is written as written too
+(``b: ${a}`` stays ``${a}``), so a secret cannot reach the file through a chain of them. A
+config field whose name looks like a secret (`verl_mp.utils.secrets.looks_secret`) must come
+from the environment, directly or through such a chain: a literal value is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -50,14 +53,14 @@ def load_config(config_name: str | None = None, overrides: list[str] | None = No
             merged = OmegaConf.merge(merged, _lists_from_strings(schema, OmegaConf.load(preset_path(config_name))))
         if overrides:
             merged = OmegaConf.merge(merged, _lists_from_strings(schema, _parse_dotlist(overrides)))
-        env_refs = _env_references(merged)
+        interpolations = _interpolations(merged)
         cfg = OmegaConf.to_object(merged)
     except (ConfigKeyError, ConfigAttributeError) as exc:
         raise ValueError(f"unknown config key: {_key_of(exc)}; {_valid_keys_hint(exc)}") from None
     except ValidationError as exc:
         raise ValueError(_invalid_value_message(schema, exc)) from None
-    _refuse_literal_secrets(cfg, (), env_refs)
-    _ENV_REFERENCES.update(env_refs)
+    _refuse_literal_secrets(cfg, (), _from_environment(interpolations))
+    _INTERPOLATIONS.update(interpolations)
     return cfg
 
 
@@ -106,13 +109,17 @@ def _type_name(tp) -> str:
     return name if name and not getattr(tp, "__args__", None) else str(tp).replace("typing.", "")
 
 
-_ENV_REFERENCES: dict[tuple, tuple[str, Any]] = {}
-"""Every config path loaded in this process from ``${oc.env:...}``: path -> (the text as
-written, the value it resolved to). `to_yaml` writes the text wherever the value is unchanged."""
+_INTERPOLATIONS: dict[tuple, tuple[str, Any]] = {}
+"""Every config path loaded in this process whose value is an interpolation (``${oc.env:...}``,
+``${a.b}``, ``p-${x}``): path -> (the text as written, the value it resolved to). `to_yaml`
+writes the text wherever the value is unchanged."""
+
+_NODE_REFERENCE = re.compile(r"\$\{(\.*[A-Za-z_][\w.\[\]]*)\}")
+"""``${a.b}``, ``${.sibling}``, ``${..x}``: a reference to another node (not a resolver call)."""
 
 
-def _env_references(merged) -> dict[tuple, tuple[str, Any]]:
-    """Paths whose raw value uses the ``oc.env`` resolver, with raw text and resolved value."""
+def _interpolations(merged) -> dict[tuple, tuple[str, Any]]:
+    """Paths whose raw value is an interpolation, with the raw text and the resolved value."""
     found: dict[tuple, tuple[str, Any]] = {}
 
     def walk(raw: Any, path: tuple) -> None:
@@ -122,11 +129,41 @@ def _env_references(merged) -> dict[tuple, tuple[str, Any]]:
         elif isinstance(raw, list):
             for i, value in enumerate(raw):
                 walk(value, path + (i,))
-        elif isinstance(raw, str) and "oc.env" in raw and "${" in raw:
-            found[path] = (raw, _select(merged, path))
+        elif isinstance(raw, str) and "${" in raw:
+            value = _select(merged, path)
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+            found[path] = (raw, value)
 
     walk(OmegaConf.to_container(merged, resolve=False), ())
     return found
+
+
+def _from_environment(interpolations: dict[tuple, tuple[str, Any]]) -> set[tuple]:
+    """The paths whose value comes from ``oc.env``, directly or through references to other
+    interpolated nodes (``b: ${a}`` with ``a: ${oc.env:S}``)."""
+    raw = {path: text for path, (text, _value) in interpolations.items()}
+
+    def target(path: tuple, ref: str) -> tuple:
+        dots = len(ref) - len(ref.lstrip("."))
+        parts = tuple(p for p in ref.lstrip(".").replace("[", ".").replace("]", "").split(".") if p)
+        base = path[:-dots] if dots else ()  # ${.x}: a sibling; ${..x}: the parent's sibling
+        return base + parts
+
+    def from_env(path: tuple, seen: frozenset) -> bool:
+        text = raw.get(path)
+        if text is None:
+            return False
+        if "oc.env" in text:
+            return True
+        for ref in _NODE_REFERENCE.findall(text):
+            node = target(path, ref)
+            below = [p for p in raw if p[:len(node)] == node and p not in seen]
+            if any(from_env(p, seen | {p}) for p in below):
+                return True
+        return False
+
+    return {path for path in raw if from_env(path, frozenset({path}))}
 
 
 def _select(node: Any, path: tuple) -> Any:
@@ -135,13 +172,14 @@ def _select(node: Any, path: tuple) -> Any:
     return node
 
 
-def _refuse_literal_secrets(cfg: Any, path: tuple, env_refs: dict) -> None:
-    """A dataclass field that looks secret must come from the environment, not the YAML/CLI."""
+def _refuse_literal_secrets(cfg: Any, path: tuple, from_env: set | dict) -> None:
+    """A dataclass field that looks secret must come from the environment (``from_env``: the
+    paths that do, `_from_environment`), not from the YAML/CLI."""
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), path + (f.name,)
         if dataclasses.is_dataclass(value):
-            _refuse_literal_secrets(value, key, env_refs)
-        elif looks_secret(f.name) and isinstance(value, str) and value and key not in env_refs:
+            _refuse_literal_secrets(value, key, from_env)
+        elif looks_secret(f.name) and isinstance(value, str) and value and key not in from_env:
             dotted = ".".join(map(str, key))
             raise ValueError(f"{dotted} holds a literal secret; configs are saved and logged, so pass "
                              f"it from the environment: {dotted}='${{oc.env:YOUR_VARIABLE}}'")
@@ -163,9 +201,10 @@ def _valid_keys_hint(exc) -> str:
 
 
 def to_yaml(cfg: RootConfig) -> str:
-    """The config as YAML, with ``${oc.env:...}`` references in place of their values."""
+    """The config as YAML, with interpolations (``${oc.env:...}``, ``${a.b}``) as written in
+    place of their values."""
     container = OmegaConf.to_container(OmegaConf.structured(cfg))
-    for path, (raw, resolved) in _ENV_REFERENCES.items():
+    for path, (raw, resolved) in _INTERPOLATIONS.items():
         try:
             parent = _select(container, path[:-1])
             if parent[path[-1]] == resolved:

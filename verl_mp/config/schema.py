@@ -73,7 +73,9 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     skip_bad_rows: bool = False
-    """Skip (and count) malformed rows instead of stopping at the first one."""
+    """Skip (and count) bad rows instead of stopping at the first one: rows that break the
+    schema, text that is not UTF-8, prompts the chat template raises on, the rows of a row
+    group whose pages are corrupt. Without it the run stops naming the file, row and cause."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """Drop groups of equal rewards and refill the batch (needs rollout.sampling.n > 1)."""
 
@@ -310,10 +312,23 @@ class RewardConfig:
     max_calls_per_worker: int = 1000
     """Calls after which a reward worker is replaced by a fresh one (leaks do not pile up)."""
     pass_env: list[str] = field(default_factory=list)
-    """Environment variables reward workers keep although they look secret (``*_TOKEN``,
-    ``*_API_KEY``, ...: removed otherwise), e.g. the key of an LLM judge's API."""
+    """Environment variables passed to reward workers (names or ``fnmatch`` patterns, e.g.
+    ``[JUDGE_API_KEY, JUDGE_*]``). Workers get only an allowlist otherwise: PATH, HOME, the
+    locale, TMPDIR, ``PYTHON*``, ``VERL_MP_*``, library, certificate and cache paths, thread
+    counts (`verl_mp.reward.worker_proc.WORKER_ENV_NAMES`); never tokens, keys, database URLs,
+    webhooks or proxies unless named here."""
+
+    max_failure_fraction: float = 0.5
+    """The run stops when more than this fraction of one reward function's calls in a step
+    fail (raise, return a non-number or NaN, time out), naming the function and its first
+    errors: a function that fails for most samples (a bug, a judge service that is down) would
+    otherwise train on zeros. Failed calls below it score 0 (counted in reward/num_failed,
+    reward/num_timeout). 1.0: never stop."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.max_failure_fraction <= 1.0:
+            raise ValueError(f"reward.max_failure_fraction={self.max_failure_fraction} must be in [0, 1] "
+                             "(1: never stop for failed reward calls)")
         for name in ("memory_limit_mb", "cpu_limit_s", "max_open_files", "max_processes"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # Rows tokenized per call: bounds peak memory on large files.
 _ENCODE_CHUNK_ROWS = 4096
+# Rows converted to Python objects at a time; a chunk with a bad row is converted row by row.
+_CONVERT_CHUNK_ROWS = 1024
 
 
 @dataclass(slots=True)
@@ -67,9 +69,11 @@ class PromptDataset:
     Rows are read with pyarrow, validated, rendered with the tokenizer's chat template and
     tokenized once at construction. Prompts longer than ``max_prompt_length`` tokens are
     dropped (count in ``num_dropped_too_long``, logged). Bad rows (empty prompt,
-    non-string ground truth, missing data source) raise a ValueError naming file, row and
-    column, unless ``skip_bad_rows=True``: then each is logged and counted in
-    ``num_skipped_bad``. A missing required column is always an error.
+    non-string ground truth, missing data source, text that is not UTF-8, a prompt the chat
+    template raises on, rows of a row group whose pages are corrupt) raise a `BadRowError`
+    (a ValueError) naming file, row, column and cause, unless ``skip_bad_rows=True``: then
+    each is logged and counted in ``num_skipped_bad``. A missing required column, or a file
+    that is not parquet at all (no footer), is always an error.
     """
 
     def __init__(
@@ -134,34 +138,97 @@ class PromptDataset:
         """Validate one file's columns, then its rows; return the usable prompts."""
         if not Path(file).is_file():
             raise ValueError(f"{self.setting}: {file} does not exist")
-        try:
-            schema = pq.read_schema(file)
-        except (pa.ArrowInvalid, OSError) as err:
+        try:  # page checksums are verified where the writer stored them
+            parquet = pq.ParquetFile(file, page_checksum_verification=True)
+            schema = parquet.schema_arrow
+        except (pa.ArrowException, OSError) as err:
             raise ValueError(f"{self.setting}: {file} is not a parquet file ({err}). Prompts come as parquet in "
                              "the verl schema: docs/data.md; examples/data_preprocess/gsm8k.py converts "
                              "GSM8K json/jsonl") from None
         validate_columns(schema, file, self.prompt_key)
         wanted = [self.prompt_key if c == "prompt" else c for c in REQUIRED_COLUMNS]
         wanted += [c for c in OPTIONAL_COLUMNS if c in schema.names]
-        rows = pq.read_table(file, columns=wanted).to_pylist()
-        self.num_rows_read += len(rows)
-        good = [(i, row) for i, row in enumerate(rows) if self._is_good(row, file, i)]
+        good = [(i, row) for i, row in self._read_rows(parquet, file, wanted) if self._is_good(row, file, i)]
         records = []
         for start in range(0, len(good), _ENCODE_CHUNK_ROWS):
             records.extend(self._encode(good[start : start + _ENCODE_CHUNK_ROWS], file))
         return records
+
+    def _read_rows(self, parquet: pq.ParquetFile, file: str, columns: list[str]) -> Iterator[tuple[int, dict]]:
+        """(row number in the file, row) of every readable row, row group by row group.
+
+        A row group whose pages cannot be read (corrupt, truncated, a failed checksum) and a
+        row whose text is not valid UTF-8 are bad rows: an error naming the file, the rows and
+        the cause, or skipped and counted with ``skip_bad_rows``."""
+        first = 0
+        for group in range(parquet.num_row_groups):
+            num_rows = parquet.metadata.row_group(group).num_rows
+            self.num_rows_read += num_rows
+            try:
+                table = parquet.read_row_group(group, columns=columns)
+            except (pa.ArrowException, OSError) as err:
+                self._bad(BadRowError(
+                    file, first, None, f"rows {first}-{first + num_rows - 1} (row group {group}) cannot be read: "
+                    f"{type(err).__name__}: {err}", "write the file again from its source (its pages are "
+                    "corrupt or truncated)"), count=num_rows)
+                first += num_rows
+                continue
+            yield from self._table_rows(table, file, first)
+            first += num_rows
+
+    def _table_rows(self, table: pa.Table, file: str, first: int) -> Iterator[tuple[int, dict]]:
+        """``table``'s rows as Python objects; a chunk that fails to convert (text that is not
+        UTF-8) is converted row by row to name the bad rows."""
+        for start in range(0, table.num_rows, _CONVERT_CHUNK_ROWS):
+            chunk = table.slice(start, _CONVERT_CHUNK_ROWS)
+            try:
+                rows = chunk.to_pylist()
+            except UnicodeDecodeError:
+                rows = [self._row_or_none(chunk, i, file, first + start + i) for i in range(chunk.num_rows)]
+            for i, row in enumerate(rows):
+                if row is not None:
+                    yield first + start + i, row
+
+    def _row_or_none(self, chunk: pa.Table, i: int, file: str, row_index: int) -> dict | None:
+        row = {}
+        for name in chunk.column_names:
+            try:
+                row[name] = chunk.column(name).slice(i, 1).to_pylist()[0]
+            except UnicodeDecodeError as err:
+                self._bad(BadRowError(file, row_index, name, f"text that is not valid UTF-8 ({err})",
+                                      "write the file's text as UTF-8 (decode it with its source's encoding)"))
+                return None
+        return row
+
+    def _bad(self, err: BadRowError, count: int = 1) -> None:
+        """A bad row (or ``count`` of them): raise, or log and count with skip_bad_rows."""
+        if not self.skip_bad_rows:
+            raise err
+        self.num_skipped_bad += count
+        logger.warning("skipping %s (data.skip_bad_rows=True): %s", "a bad row" if count == 1 else f"{count} bad rows",
+                       err)
 
     def _is_good(self, row: dict[str, Any], file: str, row_index: int) -> bool:
         """Check one row; raise on a bad row unless skip_bad_rows (then log and count it)."""
         try:
             check_row(row, file, row_index, self.prompt_key)
         except BadRowError as err:
-            if not self.skip_bad_rows:
-                raise
-            self.num_skipped_bad += 1
-            logger.warning("skipping bad row (data.skip_bad_rows=True): %s", err)
+            self._bad(err)
             return False
         return True
+
+    def _render(self, row: dict[str, Any], file: str, row_index: int) -> str | None:
+        """The chat-templated prompt text; a template that raises on this row is a bad row."""
+        try:
+            return self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True,
+                                                      tokenize=False, **self.chat_template_kwargs)
+        except Exception as err:  # noqa: BLE001  (a Jinja template's error: any type; reported, not swallowed)
+            source = getattr(self.tokenizer, "name_or_path", "") or "the tokenizer"
+            self._bad(BadRowError(
+                file, row_index, self.prompt_key, f"the chat template of {source} failed on this prompt: "
+                f"{type(err).__name__}: {err}", "make the messages fit the template (roles in the order it "
+                "expects), or fix the template (the tokenizer's chat_template)"))
+            return None
 
     def _encode(self, rows: list[tuple[int, dict[str, Any]]], file: str) -> list[PromptRecord]:
         """Chat-template and tokenize checked rows; drop those over max_prompt_length.
@@ -169,16 +236,12 @@ class PromptDataset:
         Renders the text, then tokenizes all texts in one call with add_special_tokens=False:
         exactly what apply_chat_template(tokenize=True) does, but batched (much faster).
         """
-        texts = [
-            self.tokenizer.apply_chat_template(
-                row[self.prompt_key], add_generation_prompt=True, tokenize=False,
-                **self.chat_template_kwargs,
-            )
-            for _, row in rows
-        ]
+        rendered = [(row_index, row, self._render(row, file, row_index)) for row_index, row in rows]
+        rendered = [(row_index, row, text) for row_index, row, text in rendered if text is not None]
+        texts = [text for _, _, text in rendered]
         all_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         records = []
-        for (row_index, row), text, input_ids in zip(rows, texts, all_ids, strict=True):
+        for (row_index, row, text), input_ids in zip(rendered, all_ids, strict=True):
             if len(input_ids) > self.max_prompt_length:
                 self.num_dropped_too_long += 1
                 continue

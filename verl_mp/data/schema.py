@@ -29,11 +29,13 @@ REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), (GROUND_TRUTH_FIELD, pa.s
 
 
 class BadRowError(ValueError):
-    """A row that violates the schema; carries the file, row number and column."""
+    """A row that violates the schema or cannot be read; carries the file, row number and
+    column (None: the problem names the rows itself, e.g. an unreadable row group)."""
 
-    def __init__(self, file: str, row: int, column: str, problem: str, fix: str):
+    def __init__(self, file: str, row: int, column: str | None, problem: str, fix: str):
         self.file, self.row, self.column = file, row, column
-        super().__init__(f"{file}: row {row}, column '{column}': {problem}. Fix: {fix}")
+        where = f"row {row}, column '{column}': " if column is not None else ""
+        super().__init__(f"{file}: {where}{problem}. Fix: {fix}")
 
 
 def validate_columns(schema: pa.Schema, file: str, prompt_key: str = "prompt") -> None:

@@ -31,6 +31,7 @@ from verl_mp.engine.optimizer import build_optimizer
 from verl_mp.engine.runtime import ensure_parallel, local_device
 from verl_mp.models.hf_checkpoint import open_hf_checkpoint
 from verl_mp.models.layer_spec import resolve_backend
+from verl_mp.models.routing import check_routed_experts
 from verl_mp.utils.fs import fsync_tree
 
 logger = logging.getLogger(__name__)
@@ -176,6 +177,8 @@ class MegatronEngine:
             if routing.dim() != 4 or tuple(routing.shape) != (*ids.shape, self.spec.num_layers, self.spec.moe.top_k):
                 raise ValueError(f"routed_experts {list(routing.shape)} must be [B, S, num_layers, top_k] = "
                                  f"{[*ids.shape, self.spec.num_layers, self.spec.moe.top_k]}")
+            check_routed_experts(routing, num_experts=self.spec.moe.num_experts, top_k=self.spec.moe.top_k,
+                                 where="the routed_experts to replay")
         self.moe.replay.start(replay=replay, record=record)
 
     def _finish_routing(self, mbs, shape: tuple[int, int], record: bool) -> None:

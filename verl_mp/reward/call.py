@@ -7,8 +7,10 @@ Shared by the executor (`verl_mp.reward.executor`, inline calls) and its worker 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,21 +30,39 @@ class _CallTimeout(BaseException):
     """Raised by the alarm; a BaseException so a user's ``except Exception`` cannot eat it."""
 
 
+def _plain_number(value: Any) -> Any:
+    """numpy scalars (``np.float32(0.5)``, ``np.int64(1)``) and 0-d numpy arrays or torch
+    tensors as the Python number they hold (``.item()``); anything else unchanged."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item) and tuple(getattr(value, "shape", (None,))) == ():
+        return item()
+    return value
+
+
 def normalize_result(value: Any) -> tuple[float, dict[str, float]]:
-    """A reward fn's return -> (score, numeric extras); TypeError/ValueError if unusable."""
+    """A reward fn's return -> (score, numeric extras); TypeError/ValueError if unusable.
+
+    The score (or the dict's ``"score"``) is a real number: a Python int or float, a numpy
+    scalar, or a 0-d numpy array / torch tensor; not a bool, not NaN or infinite. Extras
+    that are not finite real numbers are left out."""
     extras: dict[str, float] = {}
     if isinstance(value, dict):
         if "score" not in value:
             raise TypeError(f"returned a dict without a 'score' key: keys {sorted(value)}")
-        extras = {k: float(v) for k, v in value.items()
-                  if k != "score" and isinstance(v, (int, float)) and math.isfinite(float(v))}
+        for key, extra in value.items():
+            extra = _plain_number(extra)
+            if key != "score" and isinstance(extra, (int, float)) and math.isfinite(float(extra)):
+                extras[key] = float(extra)
         value = value["score"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    number = _plain_number(value)
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
         raise TypeError(f"returned {type(value).__name__} {value!r}; expected a float or "
                         "a dict with a float 'score'")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"returned a non-finite score {value}")
-    return float(value), extras
+    if not math.isfinite(float(number)):
+        raise ValueError(f"returned a non-finite score {number}")
+    return float(number), extras
 
 
 def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None) -> Outcome:
@@ -70,9 +90,17 @@ def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None) ->
         return Outcome("ok", score, extras)
     except _CallTimeout:
         return Outcome("timeout", message=f"took longer than {timeout_s}s")
-    except Exception as err:  # noqa: BLE001  (a failing reward must never crash the run)
-        return Outcome("error", message=f"{type(err).__name__}: {err}")
+    except Exception as err:  # noqa: BLE001  (counted against reward.max_failure_fraction)
+        return Outcome("error", message=error_line(err))
 
 
 def _raise_timeout(signum: int, frame: Any) -> None:
     raise _CallTimeout()
+
+
+def error_line(err: BaseException) -> str:
+    """The last line of ``err``'s traceback, and where it was raised: ``ZeroDivisionError:
+    division by zero (judge.py:12 in score)``."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"

@@ -5,9 +5,9 @@ pool would block forever. Calls run in a few worker processes
 (`verl_mp.reward.worker_proc`), each started with ``subprocess`` in a session of its own:
 
 - **Contained**: a worker runs under ``setrlimit`` limits (address space, CPU time, open
-  files; processes where that is meaningful, `WorkerLimits`), with an environment without
-  secret-looking variables (``*_TOKEN``, ``*_API_KEY``, ...; ``pass_env`` lets named ones
-  through) and without GPUs (``CUDA_VISIBLE_DEVICES=""``). Every process a reward function
+  files; processes where that is meaningful, `WorkerLimits`), with an allowlisted
+  environment (what Python, locale, libraries and certificates need: `worker_env`; anything
+  else only through ``pass_env``) and without GPUs (``CUDA_VISIBLE_DEVICES=""``). Every process a reward function
   starts belongs to the worker's process group and is killed with it (``killpg``). A
   worker is replaced after ``max_calls_per_worker`` calls, so leaks do not build up.
 - **Timeouts that cannot be cancelled silently**: in the worker, ``SIGALRM``
@@ -104,6 +104,9 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+_CANCELLED = Outcome("cancelled", message="not run: the step stopped (failure budget exceeded)")
+
+
 class RewardExecutor:
     """Runs lists of ``(fn, args)`` calls; returns one Outcome per call, in order."""
 
@@ -125,13 +128,27 @@ class RewardExecutor:
         self.limits = limits or WorkerLimits()
         self.max_calls_per_worker = max_calls_per_worker
         self.pass_env = tuple(pass_env)
+        unset = [name for name in self.pass_env if not any(c in name for c in "*?[") and name not in os.environ]
+        if unset and num_workers > 0:
+            logger.warning("reward.pass_env names %s, unset in this environment: reward workers will not have "
+                           "them either", unset)
         self.kill_grace_s, self.start_timeout_s = kill_grace_s, start_timeout_s
         self._workers: list[_Worker] = []
 
-    def run(self, calls: list[tuple[Callable[..., Any], tuple]]) -> list[Outcome]:
-        """Run every call; failures, deaths and timeouts become Outcomes, never exceptions."""
+    def run(self, calls: list[tuple[Callable[..., Any], tuple]],
+            stop_when: Callable[[list[Outcome | None]], bool] | None = None) -> list[Outcome]:
+        """Run every call; failures, deaths and timeouts become Outcomes, never exceptions.
+
+        ``stop_when(outcomes)`` (None: a call not finished yet) is asked as calls finish; when
+        it answers True the calls still waiting or running are cancelled (their workers are
+        killed) and come back as Outcome ``cancelled``: a failure budget that is already
+        exceeded need not wait for the rest of the batch."""
         if self.num_workers == 0 or not calls:
-            return [call_safely(fn, args, None) for fn, args in calls]
+            outcomes = []
+            for fn, args in calls:
+                cancelled = stop_when is not None and stop_when(outcomes + [None] * (len(calls) - len(outcomes)))
+                outcomes.append(_CANCELLED if cancelled else call_safely(fn, args, None))
+            return outcomes
         outcomes: list[Outcome | None] = [None] * len(calls)
         todo = list(range(len(calls)))[::-1]  # popped from the end: call order
         while todo or any(w.index is not None for w in self._workers):
@@ -142,6 +159,10 @@ class RewardExecutor:
             if self._workers:
                 wait([fd for w in self._workers for fd in w.fds()], timeout=self._wait_s())
                 self._service(outcomes, todo)
+            if stop_when is not None and stop_when(outcomes):
+                self.close()  # the calls in flight die with their workers
+                todo.clear()
+                return [_CANCELLED if o is None else o for o in outcomes]
         return outcomes  # type: ignore[return-value]
 
     def _fill(self, todo: list[int]) -> None:

@@ -13,6 +13,7 @@ import torch
 from verl_mp.reward.executor import Outcome, RewardExecutor
 from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, RewardFn, get_reward_fn
 from verl_mp.reward.worker_proc import WorkerLimits
+from verl_mp.utils.failure_budget import FailureBudget
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,10 @@ class RewardManager:
     ``fn_by_source`` maps data_source -> reward name or ``module:function`` plugin, on
     top of the built-in ``DEFAULT_FN_BY_SOURCE``; ``default_fn`` serves any other source.
     A function that raises, returns garbage or runs past ``timeout_s`` gives 0 for that
-    sample and is counted in ``reward/num_failed`` / ``reward/num_timeout``. Responses
-    must be decoded text without special tokens.
+    sample and is counted in ``reward/num_failed`` / ``reward/num_timeout``; when more than
+    ``max_failure_fraction`` of one function's calls fail, `score` raises instead (at once:
+    the calls still waiting are cancelled). Responses must be decoded text without special
+    tokens.
 
     Reward-model scores (``score(model_scores=...)``, or computed here from ``prompt +
     response`` when a ``reward_model`` with ``.score(texts)`` is given) are combined as
@@ -68,9 +71,12 @@ class RewardManager:
         timeout_s: float = 10.0, num_workers: int = 4, reward_model: Any = None,
         model_combine: str = "add", model_coef: float = 1.0, limits: WorkerLimits | None = None,
         max_calls_per_worker: int = 1000, pass_env: Sequence[str] = (),
+        max_failure_fraction: float | None = None,
     ):
         """``limits``, ``max_calls_per_worker``, ``pass_env``: how reward workers are contained
-        (`verl_mp.reward.executor`)."""
+        (`verl_mp.reward.executor`). ``max_failure_fraction``: `score` raises
+        `CallsFailedError` when more than this fraction of one function's calls in a batch
+        fail or time out (``reward.max_failure_fraction``; None: never)."""
         if model_combine not in ("add", "replace"):
             raise ValueError(f"model_combine={model_combine!r} must be 'add' or 'replace'")
         self.fn_names = {**DEFAULT_FN_BY_SOURCE, **(fn_by_source or {})}
@@ -85,9 +91,15 @@ class RewardManager:
                                        max_calls_per_worker=max_calls_per_worker, pass_env=tuple(pass_env))
         self.reward_model = reward_model
         self.model_combine, self.model_coef = model_combine, model_coef
+        self.budget = None if max_failure_fraction is None else \
+            FailureBudget("reward function", "reward.max_failure_fraction", max_failure_fraction)
 
     def resolve(self, data_source: str) -> RewardFn:
         """The reward function for a data source; ValueError with the fix if none."""
+        return self._fns[self.fn_name(data_source)]
+
+    def fn_name(self, data_source: str) -> str:
+        """The name (registered name or ``module:function``) of a data source's function."""
         name = self.fn_names.get(data_source, self.default_fn)
         if name is None:
             raise ValueError(
@@ -95,7 +107,7 @@ class RewardManager:
                 f"reward.fn_by_source or set reward.default_fn (known sources: "
                 f"{sorted(self.fn_names)})"
             )
-        return self._fns[name]
+        return name
 
     def check_sources(self, data_sources: Iterable[str]) -> None:
         """Fail at start-up, not mid-run, if some data source has no reward function."""
@@ -120,8 +132,11 @@ class RewardManager:
             calls = [(self.resolve(src), (src, resp, gt, extra))
                      for resp, gt, src, extra in zip(responses, ground_truths, data_sources,
                                                      extra_infos, strict=True)]
-            outcomes = self.executor.run(calls)
+            names = [self.fn_name(src) for src in data_sources]
+            outcomes = self.executor.run(calls, stop_when=self._over_budget(names))
             _log_failures(outcomes)
+            if self.budget is not None:
+                self.budget.check(names, _statuses(outcomes), [o.message for o in outcomes])
         else:  # replace: no rule function runs
             outcomes = [Outcome(status="ok", score=0.0) for _ in responses]
         scores = torch.tensor([o.score if o.status == "ok" else 0.0 for o in outcomes],
@@ -134,6 +149,12 @@ class RewardManager:
         elif self.model_combine == "replace":
             raise ValueError("model_combine='replace' needs reward-model scores")
         return RewardResult(scores=scores, statuses=[o.status for o in outcomes], metrics=metrics)
+
+    def _over_budget(self, names: list[str]):
+        """For `RewardExecutor.run`: stop the batch once a function's failures exceed the budget."""
+        if self.budget is None:
+            return None
+        return lambda outcomes: self.budget.exceeded(names, _statuses(outcomes)) is not None
 
     def _model_scores(self, responses: Sequence[str], prompts: Sequence[str] | None) -> torch.Tensor:
         if prompts is None or len(prompts) != len(responses):
@@ -185,9 +206,14 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _statuses(outcomes: Sequence[Outcome | None]) -> list[str | None]:
+    """Each call's status for `FailureBudget`; None while it runs (or was cancelled)."""
+    return [None if o is None or o.status == "cancelled" else o.status for o in outcomes]
+
+
 def _log_failures(outcomes: list[Outcome]) -> None:
     """One warning per batch with the first failure's message (not one per sample)."""
-    failed = [o for o in outcomes if o.status != "ok"]
+    failed = [o for o in outcomes if o.status not in ("ok", "cancelled")]
     if failed:
         logger.warning("reward: %d of %d samples failed or timed out (scored 0); first: %s: %s",
                        len(failed), len(outcomes), failed[0].status, failed[0].message)

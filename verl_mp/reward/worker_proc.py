@@ -18,6 +18,7 @@ as the same user (see docs/security.md).
 
 from __future__ import annotations
 
+import fnmatch
 import pickle
 import resource
 import signal
@@ -56,11 +57,36 @@ def reward_limits(reward_cfg) -> WorkerLimits:
                         open_files=reward_cfg.max_open_files, processes=reward_cfg.max_processes)
 
 
+WORKER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM",
+    "TMPDIR", "TMP", "TEMP", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+    "TRANSFORMERS_OFFLINE", "TORCH_HOME", *_SINGLE_THREAD,
+})
+"""Variables a reward worker gets from the trainer's environment: what a process needs to
+run Python, find its files, libraries, locale and certificates. Everything else (database
+URLs, webhooks, tokens of any name, proxies whose URL may hold a password) must be named in
+``reward.pass_env``."""
+WORKER_ENV_PREFIXES = ("LC_", "PYTHON", "VERL_MP_")
+"""Prefixes passed as well: the locale, Python's own settings (PYTHONPATH, ...), this
+project's (the run identity ``VERL_MP_RUN_ID``). A secret-looking name among them
+(`verl_mp.utils.secrets.looks_secret`) still needs ``pass_env``."""
+
+
 def worker_env(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
-    """The environment a worker starts with: no secret-looking variables (except those named
-    in ``pass_env``), no GPU, one BLAS/OpenMP thread."""
-    keep = set(pass_env)
-    env = {k: v for k, v in environ.items() if k in keep or not looks_secret(k)}
+    """The environment a worker starts with: the allowlist (`WORKER_ENV_NAMES`,
+    `WORKER_ENV_PREFIXES`) plus what ``pass_env`` names (names, or ``fnmatch`` patterns such
+    as ``JUDGE_*``); no GPU, one BLAS/OpenMP thread unless set."""
+    patterns = list(pass_env)
+
+    def allowed(name: str) -> bool:
+        if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            return True
+        listed = name in WORKER_ENV_NAMES or name.startswith(WORKER_ENV_PREFIXES)
+        return listed and not looks_secret(name)
+
+    env = {k: v for k, v in environ.items() if allowed(k)}
     env.update({name: "" for name in _NO_GPU})
     for name in _SINGLE_THREAD:
         env.setdefault(name, "1")

@@ -146,6 +146,23 @@ class CheckpointManager:
         complete = [(step, path) for step, path in self._checkpoints() if is_complete(path)]
         return max(complete) if complete else None
 
+    def short_of_space(self) -> str | None:
+        """Why the file system of the checkpoints is too full for another one, or None: less
+        free space than the newest complete checkpoint takes (less than 16 MiB when there is
+        none). For writers whose error loses the ``ENOSPC`` (torch's zip writer reports
+        ``unexpected pos``; other ranks of a DCP save get an empty ``CheckpointException``)."""
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return None
+        free = st.f_bavail * st.f_frsize
+        latest = self.latest()
+        needed = _tree_bytes(latest[1]) if latest else 16 << 20
+        if free >= needed:
+            return None
+        what = f"the newest checkpoint's {_mib(needed)}" if latest else _mib(needed)
+        return f"{_mib(free)} free there, less than {what}"
+
     def resolve_resume(self, mode: str) -> tuple[int, str] | None:
         """Where to resume from: "disable" -> None, "auto" -> ``latest()``, or a path.
 
@@ -250,3 +267,11 @@ class CheckpointManager:
             if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
                 logger.warning("removing stale checkpoint staging dir %s", entry.path)
                 shutil.rmtree(entry.path)
+
+
+def _tree_bytes(root: str) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(root) for f in files)
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB"

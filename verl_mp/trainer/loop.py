@@ -35,10 +35,17 @@ from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
 from verl_mp.trainer.dynamic_sampling import ScoredSamples, fill_groups
 from verl_mp.trainer.pool_clock import PoolClock
-from verl_mp.trainer.resume_check import FINGERPRINT_KEY, check_resume, model_fingerprint
+from verl_mp.trainer.resume_check import (
+    DATA_FINGERPRINT_KEY,
+    FINGERPRINT_KEY,
+    check_resume,
+    data_fingerprint,
+    model_fingerprint,
+)
 from verl_mp.trainer.rollout_source import Generation, RolloutSource
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
+from verl_mp.utils.fs import disk_full_error
 from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
 
 logger = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class RLTrainer:
                                     record_routing=cfg.actor.router_replay == "rollout")
         self.step_no, self.phase_name = 0, "start-up"
         described = workers.describe()
+        self.source.routing_model = described["actor_rollout_ref"].get("routing")
         self.flop_params = described["actor_rollout_ref"]["flop_params"]
         self.world_size = sum(d["world_size"] for name, d in described.items() if name != "reward_model")
         if self.is_main:
@@ -295,6 +303,7 @@ class RLTrainer:
                 if self.is_main:
                     state = {"sampler": self.inputs.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                              "step": step, FINGERPRINT_KEY: model_fingerprint(self.cfg.model.path),
+                             DATA_FINGERPRINT_KEY: data_fingerprint(self.cfg.data.train_files),
                              "rollout_source": self.source.state_dict()}
                     with open(os.path.join(staging, "trainer_state.json"), "w") as f:
                         json.dump(state, f)
@@ -305,14 +314,22 @@ class RLTrainer:
                         f.write(to_yaml(self.cfg))
                 _fault_injection_delay()
                 self.ckpt.commit(step)
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        except BaseException as err:  # noqa: BLE001  (re-raised unless the disk is full)
+            if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
+            full = disk_full_error(err)
+            short = None if full is not None else self.ckpt.short_of_space()
+            if full is None and short is None:
+                raise
+            code = full.errno if full is not None else errno.ENOSPC
+            why = os.strerror(code) if short is None else \
+                f"{os.strerror(code)}: {short}; the writer failed with {_one_line(err)}"
             latest = self.ckpt.latest()
             kept = f"the last complete checkpoint, {latest[1]}, is intact" if latest else "no checkpoint was complete"
-            raise OSError(err.errno, f"the checkpoint of step {step} could not be written under "
-                          f"{self.ckpt.root} ({os.strerror(err.errno)}); {kept}. Free space (or lower "
-                          "trainer.max_ckpt_to_keep) and run again: trainer.resume_mode=auto continues from it") from err
+            raise CheckpointWriteError(
+                code, f"the checkpoint of step {step} could not be written under {self.ckpt.root} ({why}); {kept}. "
+                "Free space (or lower trainer.max_ckpt_to_keep) and run again: trainer.resume_mode=auto continues "
+                "from it") from err
 
     def resume(self) -> int:
         found = self.ckpt.resolve_resume(self.cfg.trainer.resume_mode)
@@ -336,6 +353,16 @@ class RLTrainer:
         self.workers.sync_weights()
         self.source.synced(step)
         return step
+
+
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written for lack of space; the message says which complete
+    checkpoint is intact and how to continue from it."""
 
 
 def _write_json(path: str, obj) -> None:

@@ -11,6 +11,9 @@ Before it resumes, the trainer compares both with the current run (`check_resume
 - model: the hashes of the model directory's small files (config.json, tokenizer files,
   ...) and the names and sizes of its weight files. So a model rebuilt or replaced under the
   same path is noticed too (the embedded demo's warm start records its build there).
+- data: the content of ``data.train_files`` (`data_fingerprint`: size and SHA-256 of each
+  file, of its first and last 32 MiB past 256 MiB), not only their paths: the sampler's state
+  indexes the rows, so a file rewritten under the same path would resume on other prompts.
 
 With ``trainer.resume_mode=auto`` a difference is an error naming the checkpoint, the
 differences and the fixes (the typical cause: an old output directory, e.g. of the demo
@@ -34,6 +37,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILENAME = "config.yaml"
 STATE_FILENAME = "trainer_state.json"
 FINGERPRINT_KEY = "model_fingerprint"
+DATA_FINGERPRINT_KEY = "data_fingerprint"
 
 MAY_DIFFER = (
     "trainer.launcher", "trainer.nproc", "trainer.nnodes", "trainer.placement", "trainer.placement.*",
@@ -52,7 +56,7 @@ MAY_DIFFER = (
     "rollout.logprob_diff_threshold", "rollout.val_sampling.*",
     "data.val_files", "data.val_batch_size", "reward.num_workers", "reward.timeout_s",
     "reward.memory_limit_mb", "reward.cpu_limit_s", "reward.max_open_files", "reward.max_processes",
-    "reward.max_calls_per_worker", "reward.pass_env",
+    "reward.max_calls_per_worker", "reward.pass_env", "reward.max_failure_fraction",
 )
 """Dotted config keys (fnmatch patterns) that may change between a run and its resume."""
 
@@ -81,6 +85,49 @@ def model_fingerprint(model_path: str) -> dict[str, str]:
         else:
             out[entry.name] = f"bytes:{size}"
     return out
+
+
+_FULL_HASH_BYTES = 256 << 20
+_SAMPLED_BYTES = 32 << 20
+
+
+def file_fingerprint(path: str) -> str:
+    """``bytes:<N> sha256:<16 hex>`` of a file's content (past 256 MiB: of its first and last
+    32 MiB, ``sampled-sha256``; a parquet file's footer, with every row group's offsets and
+    statistics, is at its end); ``missing`` if there is none."""
+    try:
+        size = os.path.getsize(path)
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            if size <= _FULL_HASH_BYTES:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                kind = "sha256"
+            else:
+                digest.update(f.read(_SAMPLED_BYTES))
+                f.seek(size - _SAMPLED_BYTES)
+                digest.update(f.read(_SAMPLED_BYTES))
+                kind = "sampled-sha256"
+    except OSError:
+        return "missing"
+    return f"bytes:{size} {kind}:{digest.hexdigest()[:16]}"
+
+
+def data_fingerprint(train_files: list[str]) -> list[list[str]]:
+    """``[path, file_fingerprint]`` of each training file, in order (rows are numbered across
+    the files in this order)."""
+    return [[path, file_fingerprint(path)] for path in train_files]
+
+
+def data_differences(saved: list, current: list) -> list[str]:
+    """The training files whose content differs from the checkpoint's (by position)."""
+    if [fp for _, fp in saved] == [fp for _, fp in current]:
+        return []
+    if len(saved) != len(current):
+        return [f"data.train_files: {len(saved)} file(s) when the checkpoint was written, {len(current)} now"]
+    return [f"data.train_files: the content of {now_path} is not the content the checkpoint was trained on "
+            f"({old_fp} then, {now_fp} now)"
+            for (_, old_fp), (now_path, now_fp) in zip(saved, current, strict=True) if old_fp != now_fp]
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -122,8 +169,9 @@ def fingerprint_differences(saved: dict[str, str], current: dict[str, str]) -> l
 
 
 def resume_differences(checkpoint_path: str, current_config: dict,
-                       current_fingerprint: dict[str, str]) -> list[str]:
-    """Human-readable differences between the run that wrote ``checkpoint_path`` and this one."""
+                       current_fingerprint: dict[str, str], current_data: list | None = None) -> list[str]:
+    """Human-readable differences between the run that wrote ``checkpoint_path`` and this one
+    (``current_data``: `data_fingerprint` of this run's training files, None: not compared)."""
     config_path = os.path.join(checkpoint_path, CONFIG_FILENAME)
     if not os.path.isfile(config_path):
         return [f"the checkpoint has no {CONFIG_FILENAME}, so it cannot be matched to this run"]
@@ -131,10 +179,13 @@ def resume_differences(checkpoint_path: str, current_config: dict,
         saved_config = yaml.safe_load(f) or {}
     lines = []
     state_path = os.path.join(checkpoint_path, STATE_FILENAME)
-    saved_fingerprint = None
+    saved_state = {}
     if os.path.isfile(state_path):
         with open(state_path, encoding="utf-8") as f:
-            saved_fingerprint = json.load(f).get(FINGERPRINT_KEY)
+            saved_state = json.load(f)
+    saved_fingerprint, saved_data = saved_state.get(FINGERPRINT_KEY), saved_state.get(DATA_FINGERPRINT_KEY)
+    if saved_data is not None and current_data is not None:  # checkpoints of older code have none
+        lines += data_differences(saved_data, current_data)
     if saved_fingerprint is not None:  # checkpoints of older code have none
         changed = fingerprint_differences(saved_fingerprint, current_fingerprint)
         if changed:
@@ -155,7 +206,8 @@ def run_config(cfg) -> dict:
 def check_resume(checkpoint_path: str, cfg, explicit: bool) -> None:
     """Raise ``ValueError`` (auto-resume) or warn (``explicit``: the path was given) if a
     different run than ``cfg`` (a RootConfig) wrote ``checkpoint_path``."""
-    lines = resume_differences(checkpoint_path, run_config(cfg), model_fingerprint(cfg.model.path))
+    lines = resume_differences(checkpoint_path, run_config(cfg), model_fingerprint(cfg.model.path),
+                               data_fingerprint(cfg.data.train_files))
     if not lines:
         return
     if len(lines) > _MAX_LISTED:

@@ -32,6 +32,7 @@ import torch
 
 from verl_mp.config.rollout import SamplingConfig
 from verl_mp.data.batch import PromptBatch
+from verl_mp.models.routing import check_routed_experts
 from verl_mp.rollout.types import RolloutOutput
 
 
@@ -70,6 +71,10 @@ class RolloutSource:
     version: int = 0
     """The actor version the rollout holds once every sync submitted so far has run."""
     pending: dict[int, _Pending] = field(default_factory=dict)
+    routing_model: dict[str, int] | None = None
+    """``num_layers``, ``num_experts``, ``top_k`` of the actor (`RankWorker.describe`): what
+    routed experts from the rollout engine or a checkpoint must match (None: not checked
+    against the model, only for sound values)."""
 
     def take(self, step: int) -> Generation:
         """Step ``step``'s first-round generation (submitted now if it is not in flight)."""
@@ -83,6 +88,7 @@ class RolloutSource:
         the weights the rollout holds now."""
         prompts = self.dataset.get_batch(self.sampler.next_batch())
         out = self.workers.generate(prompts.input_ids, self.sampling(step, round_no), self.record_routing)
+        self._check_routing(out, f"the routed experts the rollout engine returned for step {step}")
         return Generation(prompts, out, self.version)
 
     def prefetch(self, step: int, last_step: int) -> None:
@@ -103,7 +109,23 @@ class RolloutSource:
     def _resolve(self, p: _Pending) -> RolloutOutput:
         if p.out is None:
             p.out, p.call = self.workers.wait(p.call), None
+            self._check_routing(p.out, "the routed experts the rollout engine returned")
         return p.out
+
+    def _check_routing(self, out: RolloutOutput, where: str) -> None:
+        """Each sample's routing is ``[len(prompt) + len(response), L, k]`` of sound expert ids."""
+        if out.routed_experts is None:
+            return
+        if len(out.routed_experts) != len(out.response_ids):
+            raise ValueError(f"{where}: {len(out.routed_experts)} routing tables for {len(out.response_ids)} samples")
+        model = self.routing_model or {}
+        for i, routing in enumerate(out.routed_experts):
+            length = len(out.prompt_ids[i // out.n]) + len(out.response_ids[i])
+            if routing.dim() != 3 or routing.shape[0] != length:
+                raise ValueError(f"{where}: sample {i}'s routing has shape {list(routing.shape)}, expected "
+                                 f"[{length} (prompt + response tokens), layers, top_k]")
+            check_routed_experts(routing, num_experts=model.get("num_experts"), top_k=model.get("top_k"),
+                                 num_layers=model.get("num_layers"), where=f"{where} (sample {i})")
 
     def finished_outputs(self) -> list[RolloutOutput]:
         """The in-flight generations that have finished (resolving them; waits for all)."""
@@ -144,13 +166,26 @@ class RolloutSource:
                                  "actor.router_replay); resume with that setting, or from a checkpoint without "
                                  "generations in flight (trainer.off_policy_steps=0)")
             if e.get("routing"):
-                if routing is None or f"step{step}.routing" not in routing:
+                if routing is None or f"step{step}.routing" not in routing or f"step{step}.lengths" not in routing:
                     raise ValueError(f"the checkpoint's generation in flight for step {step} recorded routed experts, "
                                      "but their tensors are missing (rollout_routing.safetensors beside "
                                      "trainer_state.json); resume from another checkpoint")
-                experts = list(torch.split(routing[f"step{step}.routing"], routing[f"step{step}.lengths"].tolist()))
+                experts = _split_routing(routing[f"step{step}.routing"], routing[f"step{step}.lengths"], step)
             out = RolloutOutput(**e["out"], routed_experts=experts)
+            self._check_routing(out, f"rollout_routing.safetensors of the checkpoint (step {step})")
             self.pending[step] = _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]), out=out)
+
+
+def _split_routing(table: torch.Tensor, lengths: torch.Tensor, step: int) -> list[torch.Tensor]:
+    """``step<N>.routing [sum of lengths, L, k]`` back into one table per sample."""
+    where = f"rollout_routing.safetensors of the checkpoint (step {step})"
+    if lengths.dim() != 1 or lengths.dtype.is_floating_point or bool((lengths < 0).any()):
+        raise ValueError(f"{where}: step{step}.lengths must be a list of sample lengths, got "
+                         f"{lengths.dtype} {list(lengths.shape)}")
+    if table.dim() != 3 or table.shape[0] != int(lengths.sum()):
+        raise ValueError(f"{where}: step{step}.routing has shape {list(table.shape)}, expected "
+                         f"[{int(lengths.sum())} (the sum of its lengths), layers, top_k]")
+    return list(torch.split(table, lengths.tolist()))
 
 
 def _output_state(out: RolloutOutput) -> dict:

@@ -57,7 +57,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
     from verl_mp.utils import procs, shm
 
     procs.reap_orphaned_runs()  # processes of runs whose driver was killed
-    run_id = shm.begin_run()  # inherited by every process of the run: its identity
+    run_id = procs.begin_run()  # inherited by every process of the run: its identity; locked
     started = time.monotonic()
     with StopOnSignal(lambda: request_stop(out_dir)) as stop:
         try:
@@ -67,6 +67,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
                 _run_ray(cfg, plan, stop, verbose)
         finally:
             procs.reap_run(run_id)  # what the ranks left (a killed rank's children)
+            procs.end_run()
             shm.sweep_stale()  # what ranks that died could not release
     _finish(cfg, started)
     if stop.requested:
@@ -98,7 +99,7 @@ def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
 def _run_ray(cfg, plan, stop, verbose: bool) -> None:
     import ray
 
-    from verl_mp.trainer.loop import RLTrainer
+    from verl_mp.trainer.loop import CheckpointWriteError, RLTrainer
     from verl_mp.trainer.setup import build_inputs
     from verl_mp.workers.groups import WorkerError, WorkerGroups
     from verl_mp.workers.ray_group import build_ray_groups
@@ -121,7 +122,8 @@ def _run_ray(cfg, plan, stop, verbose: bool) -> None:
             inputs = build_inputs(cfg, score_rewards=True)
             trainer = RLTrainer(cfg, plan, inputs, workers, should_stop=lambda: stop.requested)
             trainer.fit()
-        except WorkerError as err:
+        except (WorkerError, RunFailed, CheckpointWriteError) as err:
+            # a rank's error, or the driver's: too many reward failures, a full disk at a checkpoint
             where = f"phase {trainer.phase_name} of step {trainer.step_no}" if trainer else "start-up"
             raise RunFailed(f"{err} ({where})") from err
         finally:

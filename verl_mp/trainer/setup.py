@@ -51,7 +51,8 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
                                timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers,
                                model_combine=combine, model_coef=rm.coef, limits=reward_limits(cfg.reward),
                                max_calls_per_worker=cfg.reward.max_calls_per_worker,
-                               pass_env=cfg.reward.pass_env)
+                               pass_env=cfg.reward.pass_env,
+                               max_failure_fraction=cfg.reward.max_failure_fraction)
         if combine == "add":  # rule functions run
             reward.check_sources(train.data_sources | (val.data_sources if val else set()))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -6,15 +6,20 @@ the whole new tree, or (for the instant between the renames, and after a crash t
 absent while the old tree waits at ``old``: never a mix of both. `recover_publish` finishes or
 undoes an interrupted publication. `DirLock` is an exclusive ``flock`` on a file in a
 directory: held for a process's life, released by the kernel when the holder dies.
+`private_dir` is a per-user directory under the temp directory that nobody else can have
+planted; `write_private_file` writes into it without following links.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
+import stat
+import tempfile
 import threading
 import time
 
@@ -47,6 +52,31 @@ def write_file_durably(path: str, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp_path, path)
     fsync_path(os.path.dirname(path) or ".")
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""No space, over quota, past the file size limit (RLIMIT_FSIZE): nothing more fits."""
+
+
+def disk_full_error(err: BaseException) -> OSError | None:
+    """The OSError of a full disk (`DISK_FULL_ERRNOS`) that caused ``err``, if one did: ``err``
+    itself, its causes and contexts, a Ray task error's ``cause`` (the worker's exception) or
+    the per-rank ``failures`` of torch's ``CheckpointException`` (megatron's DCP writer, whose
+    writer processes' errors come back as ``RuntimeError("Worker failure: ...")`` caused by
+    them)."""
+    todo, seen = [err], set()
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        todo += [exc.__cause__, exc.__context__, getattr(exc, "cause", None)]
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
 
 
 def publish_dir(staging: str, final: str, old: str) -> None:
@@ -163,3 +193,81 @@ def _read_holder(fd: int) -> str:
                 f"since {info.get('since')})")
     except (OSError, ValueError):
         return "another process"
+
+
+# -- per-user directories under the shared temp directory --------------------------------------
+class UnsafePathError(ValueError):
+    """A per-user path in a shared directory that another user could have planted or can
+    change (a ValueError: the message names the path and the fix)."""
+
+
+def private_dir(name: str) -> str:
+    """``<tmp>/<name>-<uid>`` (``tempfile.gettempdir()``: ``TMPDIR`` or ``/tmp``), created
+    mode 0700 when missing.
+
+    ``/tmp`` is shared: another user can create that name first, as a directory of theirs
+    or as a symbolic link to one of this user's directories, and so read or redirect what
+    is written there. An existing path is used only if it is a real directory (not a link)
+    owned by this user and writable by nobody else; anything else raises `UnsafePathError`
+    naming the path and the fix. Nobody else can rename or remove a directory of ours in a
+    sticky ``/tmp``, so the path stays what was checked.
+    """
+    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path)
+    return path
+
+
+def check_private_dir(path: str) -> None:
+    """Raise `UnsafePathError` unless ``path`` is a directory (not a symbolic link) owned by
+    this user and not writable by group or others."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        problem = f"is a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.getuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    else:
+        return
+    raise UnsafePathError(
+        f"{path} {problem}: verl_mp keeps this user's private records there, and another user may "
+        f"have made it to read or redirect them. Fix: check what it is and remove it (rm -r {path}), "
+        "or set TMPDIR to a directory of your own")
+
+
+def write_private_file(directory: str, name: str, data: bytes) -> str:
+    """Write ``data`` to ``directory/name`` (mode 0600) atomically, never through a link: the
+    temp file is created with ``O_EXCL | O_NOFOLLOW`` (a planted file or link there is an
+    error, not a redirect) and renamed over ``name`` (a rename replaces a link, it does not
+    follow it)."""
+    path = os.path.join(directory, name)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        os.unlink(tmp)  # our own leftover of a killed write (pids are unique among the living)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def read_private_file(path: str) -> bytes:
+    """The bytes of ``path``, refusing to follow a symbolic link (OSError ELOOP)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

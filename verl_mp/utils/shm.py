@@ -29,7 +29,8 @@ import json
 import logging
 import os
 import secrets
-import tempfile
+
+from verl_mp.utils.fs import private_dir, read_private_file, write_private_file
 
 logger = logging.getLogger(__name__)
 
@@ -42,30 +43,16 @@ _atexit_registered = False
 
 
 def new_run_id() -> str:
-    """``vmp<pid>h<host>x<hex>``: the driver's pid and host (`verl_mp.utils.procs` ends a run's
-    leftovers only on the host whose pid it names), short (segment names have a length
-    limit) and unique per run."""
-    return f"vmp{os.getpid()}h{host_tag()}x{secrets.token_hex(4)}"
-
-
-def host_tag() -> str:
-    import socket
-    import zlib
-
-    return f"{zlib.crc32(socket.gethostname().encode()) & 0xFFFF:04x}"
+    """``vmp<pid>x<hex>``: short (segment names have a length limit) and unique per run. A
+    driver makes its run's identity with `verl_mp.utils.procs.begin_run`, which also takes the
+    run's lock (what tells a live run from an orphaned one)."""
+    return f"vmp{os.getpid()}x{secrets.token_hex(4)}"
 
 
 def ensure_run_id() -> str:
     """This process's run identity, created (and exported to children) when missing."""
     if not os.environ.get(RUN_ID_ENV):
         os.environ[RUN_ID_ENV] = new_run_id()
-    return os.environ[RUN_ID_ENV]
-
-
-def begin_run() -> str:
-    """A fresh identity for a run this process drives (never one inherited from whatever
-    started it: the driver ends every process carrying its run's identity when it is done)."""
-    os.environ[RUN_ID_ENV] = new_run_id()
     return os.environ[RUN_ID_ENV]
 
 
@@ -118,24 +105,32 @@ def segments_in_use() -> set[str]:
 
 
 # -- the record of this process's segments -----------------------------------------------------
+RECORD_DIR_NAME = "verl_mp-shm"
+"""``<tmp>/verl_mp-shm-<uid>``: this user's records, a `private_dir` (0700, never another
+user's directory or a link)."""
+
+
 def _record_dir() -> str:
-    return os.path.join(tempfile.gettempdir(), f"verl_mp-shm-{os.getuid()}")
+    return private_dir(RECORD_DIR_NAME)
 
 
 def _record_path(pid: int) -> str:
     return os.path.join(_record_dir(), f"{pid}.json")
 
 
+def _read_record(path: str) -> list[str]:
+    try:
+        return list(json.loads(read_private_file(path)).get("segments", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 def record_segments() -> list[str]:
     """Write the segments this process maps now to its record; register the exit release."""
     global _atexit_registered
     names = sorted(mapped_segments())
-    os.makedirs(_record_dir(), mode=0o700, exist_ok=True)
-    path = _record_path(os.getpid())
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"pid": os.getpid(), "run_id": os.environ.get(RUN_ID_ENV, ""), "segments": names}, f)
-    os.replace(tmp, path)
+    record = {"pid": os.getpid(), "run_id": os.environ.get(RUN_ID_ENV, ""), "segments": names}
+    write_private_file(_record_dir(), f"{os.getpid()}.json", json.dumps(record).encode())
     if not _atexit_registered:
         atexit.register(release_segments)
         _atexit_registered = True
@@ -145,12 +140,7 @@ def record_segments() -> list[str]:
 def release_segments() -> int:
     """Unlink the segments of this process's record (and any it maps now); return how many."""
     path = _record_path(os.getpid())
-    names = set(mapped_segments())
-    try:
-        with open(path) as f:
-            names |= set(json.load(f).get("segments", []))
-    except (OSError, ValueError):
-        pass
+    names = set(mapped_segments()) | set(_read_record(path))
     removed = sum(_unlink(n) for n in names if _owned(n))
     try:
         os.remove(path)
@@ -180,11 +170,7 @@ def sweep_stale() -> list[str]:
         if not entry.endswith(".json") or not entry[:-5].isdigit() or pid_alive(int(entry[:-5])):
             continue
         path = os.path.join(record_dir, entry)
-        try:
-            with open(path) as f:
-                candidates |= set(json.load(f).get("segments", []))
-        except (OSError, ValueError):
-            pass
+        candidates |= set(_read_record(path))
         try:
             os.remove(path)
         except OSError:

@@ -32,6 +32,7 @@ from verl_mp.plan import RunPlan
 from verl_mp.rollout import build_rollout
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.utils import memory, profiling, stopwatch
+from verl_mp.utils.fs import disk_full_error
 from verl_mp.workers import rollout_link
 from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
 from verl_mp.workers.faults import FaultInjector
@@ -252,10 +253,22 @@ class RankWorker:
 
     # -- state -------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
-        """Writes ``directory/actor`` and ``directory/critic`` (the same wherever they run)."""
+        """Writes ``directory/actor`` and ``directory/critic`` (the same wherever they run).
+
+        A full disk, however deep in megatron's writer it was raised, comes out as a plain
+        OSError with its errno: that survives the trip to a Ray driver (exception chains do
+        not), which then reports the checkpoint that is intact, as torchrun ranks do."""
         for role, engine in (("actor", self.actor), ("critic", self.critic)):
             if engine is not None:
-                engine.save_checkpoint(os.path.join(directory, role))
+                path = os.path.join(directory, role)
+                try:
+                    engine.save_checkpoint(path)
+                except BaseException as err:  # noqa: BLE001  (re-raised as it is unless the disk is full)
+                    full = disk_full_error(err)
+                    if full is None:
+                        raise
+                    raise OSError(full.errno, f"{os.strerror(full.errno)}, writing the {role} checkpoint to "
+                                              f"{path} ({full})") from err
 
     def load_checkpoint(self, directory: str) -> None:
         for role, engine in (("actor", self.actor), ("critic", self.critic)):
@@ -275,6 +288,10 @@ class RankWorker:
                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         if self.actor is not None:
             info["flop_params"] = flop_params(self.actor.spec)
+            moe = self.actor.spec.moe
+            if moe is not None:  # what routed-experts tables must match (`verl_mp.models.routing`)
+                info["routing"] = {"num_layers": self.actor.spec.num_layers, "num_experts": moe.num_experts,
+                                   "top_k": moe.top_k}
         return info
 
     def close(self) -> None:

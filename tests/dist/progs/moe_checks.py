@@ -116,11 +116,19 @@ class Runner:
             lp = engine.compute_log_probs(ids, mask, routed_experts=forced, record_routing=True)
             used = engine.recorded_routing
             engine.train_step({**b, "routed_experts": forced}, pg_loss(b), with_entropy=True, record_routing=True)
-            out[arch] = dict(natural=natural.tolist(), routing=routing.tolist(),
+            train_used = engine.recorded_routing
+            corrupt = routing.clone()
+            corrupt[0, -1, 0] = torch.tensor([engine.spec.moe.num_experts, 0])  # an expert past the last one
+            try:  # refused by value before any router sees it
+                engine.compute_log_probs(ids, mask, routed_experts=corrupt)
+                refused = ""
+            except ValueError as err:
+                refused = str(err)
+            out[arch] = dict(natural=natural.tolist(), routing=routing.tolist(), corrupt_refused=refused,
                              replayed_natural_max_diff=float((same - natural).abs().max()),
                              replayed_natural_routing_equal=bool(torch.equal(same_routing, routing)),
                              forced=lp.tolist(), forced_used=used.tolist(),
-                             train_used=engine.recorded_routing.tolist())
+                             train_used=train_used.tolist())
 
     def check_critic(self):
         critic = self.engine("qwen2_moe", role="critic")
