@@ -4,4 +4,6 @@
 set -euo pipefail
 PYTHON=${PYTHON:-python}
 NPROC=${NPROC:-$(nvidia-smi -L 2>/dev/null | wc -l)}
-exec "$PYTHON" -m verl_mp train trainer.launcher=ray trainer.nproc="${NPROC:-1}" "$@"
+# The arguments first: `train` takes its options (--config-name) before the dotlist overrides,
+# and argparse refuses options after a first group of overrides. Ours come last and win.
+exec "$PYTHON" -m verl_mp train "$@" trainer.launcher=ray trainer.nproc="${NPROC:-1}"

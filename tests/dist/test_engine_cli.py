@@ -25,6 +25,7 @@ def tensors(path) -> dict:
     return out
 
 
+@pytest.mark.smoke  # engine vs HF transformers, in README's fast test command
 def test_verify_prints_one_json_line_and_passes(tmp_path):
     # One rank keeps CI short: every layout runs the same functions in test_engine_hf.py.
     model = build_tiny_checkpoint("qwen3", tmp_path / "qwen3")

@@ -3,7 +3,12 @@ the engine's log-prob op with either implementation (torch, or the fused Triton 
 CPU interpreter) matches fp64 log_softmax incl. the gradient of log-prob + entropy terms, and
 the engine's log-probs, entropy and actor-loss gradients are the same with both (the switch
 also covers the decoder layers' RMSNorm and SwiGLU; the norm weights' gradients are compared
-on their own as well)."""
+on their own as well). The Triton path really ran in the engine: every rank launched the
+log-prob, RMSNorm and SwiGLU kernels, forward and backward, once per micro-batch for the
+head and once per norm / MLP of every layer, and none ran on the torch path (counted by the
+launchers, `verl_mp.kernels.dispatch.TRITON_LAUNCHES`). Shown to fail with the engine's
+RMSNorm pinned to torch (``rms_norm(..., impl="torch")`` in `models/layer_spec.RMSNorm`):
+the numbers alone agree either way (both paths are fp32), which the former test checked."""
 
 import json
 from pathlib import Path
@@ -45,3 +50,20 @@ def test_kernel_path_matches_torch_at_tp2(tmp_path):
     torch_m, triton_m = res["torch_metrics"], res["triton_metrics"]
     for key in ("pg_loss", "entropy", "grad_norm"):
         assert triton_m[key] == pytest.approx(torch_m[key], rel=1e-5, abs=1e-7), key
+    # last: a failure here means every check above passed (the former test's verdict)
+    _assert_every_kernel_ran(res, json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"])
+
+
+def _assert_every_kernel_ran(res: dict, num_layers: int) -> None:
+    """On every rank: no Triton launch on the torch path; on the Triton path the log-prob
+    head's kernels ran once per micro-batch pass (forward: the log-prob pass and the train
+    step; backward: the train step), RMSNorm 2 per layer + the final norm and SwiGLU once per
+    layer in each of those passes."""
+    assert all(launched == {} for launched in res["torch_launches"]), res["torch_launches"]
+    for rank, launched in enumerate(res["triton_launches"]):
+        print(f"rank {rank}: Triton launches {launched}")
+        forward, backward = launched.get("logprob_fwd", 0), launched.get("logprob_bwd", 0)
+        assert forward > backward > 0, (rank, launched)
+        assert launched == {"logprob_fwd": forward, "logprob_bwd": backward,
+                            "rmsnorm_fwd": (2 * num_layers + 1) * forward, "rmsnorm_bwd": (2 * num_layers + 1) * backward,
+                            "swiglu_fwd": num_layers * forward, "swiglu_bwd": num_layers * backward}, (rank, launched)

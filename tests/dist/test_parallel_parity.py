@@ -32,6 +32,13 @@ LAYOUTS = [(2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1)]  # (TP, PP, DP)
 # every update moves every entry by ~lr = 1e-2 (a wrong update moves it by that much).
 PARAM_TOL = 1e-3
 REL_L2_TOL = 1e-3
+# The first step runs on identical weights: its loss and gradient norm differ only by the
+# order of fp32 sums (measured <= 1.9e-7). Later steps run on weights that already differ by
+# the update noise above, and their losses and gradient norms follow: measured up to 1.03e-5
+# relative (TP2 and TP2 x PP2, step 3, grad norm 1.8996485 vs 1.8996289 on an AVX-512/AMX
+# Xeon, 2026-12-05; 1e-5 was the former bound for every step, and failed there).
+FIRST_STEP_TOL = 1e-5
+LATER_STEP_REL = 1e-4
 
 
 def run_layout(tmp: Path, tp: int, pp: int, dp: int, save_init: bool = False) -> dict:
@@ -59,16 +66,18 @@ def reference(tmp_path_factory):
     return tmp, run_layout(tmp, 1, 1, 1, save_init=True)
 
 
-@pytest.mark.parametrize("tp,pp,dp", LAYOUTS, ids=[f"tp{t}pp{p}dp{d}" for t, p, d in LAYOUTS])
+# TP2 (the layout that splits every matmul and the vocabulary) is in README's fast test command
+@pytest.mark.parametrize("tp,pp,dp", [pytest.param(*layout, marks=[pytest.mark.smoke] if layout == (2, 1, 1) else [])
+                                      for layout in LAYOUTS], ids=[f"tp{t}pp{p}dp{d}" for t, p, d in LAYOUTS])
 def test_layout_matches_single_rank(reference, tp, pp, dp):
     tmp, ref = reference
     got = run_layout(tmp, tp, pp, dp)
     assert got["dp"] == dp
     assert len(got["losses"]) == len(ref["losses"]) == 3
-    for a, b in zip(got["losses"], ref["losses"], strict=True):
-        assert abs(a - b) <= 1e-5, (got["losses"], ref["losses"])
-    for a, b in zip(got["grad_norms"], ref["grad_norms"], strict=True):
-        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["grad_norms"], ref["grad_norms"])
+    for key in ("losses", "grad_norms"):
+        for step, (a, b) in enumerate(zip(got[key], ref[key], strict=True)):
+            tol = FIRST_STEP_TOL if step == 0 else LATER_STEP_REL
+            assert abs(a - b) <= tol * max(1.0, abs(b)), (key, step, got[key], ref[key])
     assert got["lrs"] == ref["lrs"] == [1e-2] * 3  # every step a real update
     assert got["replica_diff"] == 0.0  # data-parallel replicas hold identical weights
     assert _max_diff(got["init"], ref["init"]) == 0.0  # the same start

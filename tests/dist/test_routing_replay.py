@@ -3,8 +3,11 @@ EP2 (a tiny Qwen3-MoE, fp32, tests/dist/progs/moe_replay_rollout.py).
 
 The rollout's recorded experts equal the engine's own routing on the same sequences (same
 weights); after an optimizer step the engine's natural routing drifts away from them, and with
-replay both the log-prob pass and a train step route exactly as the rollout did. In the
-old-log-prob mode, a train step replaying the forward pass's recording uses exactly it.
+replay both the log-prob pass and a train step route exactly as the rollout did, and the
+train step's loss is the replayed log-prob pass's (1e-6: fp32 sums of ~100 terms of order 1,
+in another order), far from the natural pass's. In the old-log-prob mode, a train step
+replaying the forward pass's recording uses exactly it. The gradients of a replaying train
+step against HF's under the same forced routing: tests/dist/test_engine_moe.py.
 (The forced routing's log-probs are checked against HF transformers in
 tests/dist/test_engine_moe.py.)
 """
@@ -39,3 +42,6 @@ def test_replayed_routing_is_the_rollouts(tmp_path):
         assert same == known > 400, (key, r)
     drifted, known = r["two_steps_later_natural_vs_recorded"]
     assert drifted < known, r
+    losses = r["train_losses"]
+    assert losses["train_replayed"] == pytest.approx(losses["forward_replayed"], rel=1e-6, abs=1e-7), losses
+    assert abs(losses["forward_natural"] - losses["forward_replayed"]) > 1e-4, losses

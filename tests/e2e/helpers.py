@@ -1,5 +1,7 @@
 """Helpers for end-to-end runs of the real CLI."""
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +35,25 @@ def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProces
     if proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return proc
+
+
+def run_log(out_dir: Path, name: str = "ranks.log", start: int = 0) -> str:
+    """A run directory's log from byte ``start``: ``ranks.log`` (torchrun: every rank's INFO
+    lines) or ``driver.log`` (Ray: the driver runs the loop). Runs that resume in the same
+    directory append to it: pass the length of what an earlier run wrote to read only what a
+    later one wrote."""
+    with open(Path(out_dir) / "logs" / name, "rb") as f:
+        f.seek(start)
+        return f.read().decode()
+
+
+def steps_logged(log: str) -> list[int]:
+    """The steps a run logged metrics for, in order, from the console backend's
+    ``step N | ...`` lines (one process's; step 0: the validation before training)."""
+    return [int(m) for m in re.findall(r"verl_mp\.trainer\.console: step (\d+) \| ", log)]
+
+
+def resumed_from(log: str) -> set[tuple[str, int]]:
+    """(checkpoint directory name, step) of every ``resuming from ... (step N)`` line."""
+    found = re.findall(r"resuming from (\S+) \(step (\d+)\)", log)
+    return {(os.path.basename(path), int(step)) for path, step in found}

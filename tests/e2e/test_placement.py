@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import base_overrides, run_cli
+from .helpers import base_overrides, resumed_from, run_cli, run_log, steps_logged
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,8 @@ RM_COEF = 10.0
 def _steps(out_dir):
     rows = {}
     for r in read_jsonl(str(out_dir / "metrics.jsonl")):
-        rows.setdefault(r["step"], {}).update(r)
+        assert r["step"] not in rows, f"step {r['step']} logged twice in {out_dir}"
+        rows[r["step"]] = r
     return rows
 
 
@@ -65,8 +66,9 @@ def split_run(tiny_run_inputs, reward_model_path, tmp_path_factory):
             "critic.megatron.tensor_model_parallel_size=1", "trainer.placement.pools.critic=[1]",
             "trainer.placement.roles.reward_model=critic"]
     run_cli(args + ["trainer.max_steps_this_run=1"])
+    first = run_log(out, "driver.log")  # the driver runs the loop under Ray; the console is quiet
     run_cli(args)
-    return out, (out / "logs" / "driver.log").read_text()  # the driver's full log (the console is quiet)
+    return out, first, run_log(out, "driver.log", start=len(first.encode()))  # each run's own lines
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +81,7 @@ def colocated_run(tiny_run_inputs, reward_model_path, tmp_path_factory):
 
 
 def test_split_critic_trains_checkpoints_and_resumes(split_run):
-    out, resumed_log = split_run
+    out, first_log, resumed_log = split_run
     steps = _steps(out)
     assert set(steps) == {0, 1, 2}
     for key in ["critic/vf_loss", "critic/vf_clipfrac", "critic/explained_variance", "critic/grad_norm",
@@ -88,7 +90,11 @@ def test_split_critic_trains_checkpoints_and_resumes(split_run):
             assert key in steps[step] and math.isfinite(steps[step][key]), (step, key)
     for step in (1, 2):
         assert steps[step]["rollout/logprob_diff_max"] < 1e-4
-    assert "resuming from" in resumed_log and "global_step_1" in resumed_log
+    # each run's own log: the first validated and trained step 1 from scratch, the second
+    # resumed from its checkpoint and ran only step 2 (and the final validation)
+    assert steps_logged(first_log) == [0, 1] and not resumed_from(first_log), first_log[-3000:]
+    assert resumed_from(resumed_log) == {("global_step_1", 1)}, resumed_log[-3000:]
+    assert steps_logged(resumed_log) == [2], resumed_log[-3000:]
     for step in (1, 2):  # each checkpoint holds the split critic next to the actor
         ckpt = out / "checkpoints" / f"global_step_{step}"
         assert (ckpt / "meta.json").exists() and (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()

@@ -6,6 +6,16 @@
   (torchrun), stops the run within a bounded time with one message naming the rank and the
   phase; no process of the run is left, no shared-memory segment either;
   ``resume_mode=auto`` then continues exactly.
+- Ctrl-C and SIGTERM finish the step, save it and stop every rank (exit 130); a second
+  Ctrl-C stops at once, without waiting for the checkpoint being written (torchrun: under
+  Ray, SIGTERM to the driver is taken by Ray's own handler, which aborts the driver with
+  SIGABRT, exit -6: not what README promises; reported, not tested here).
+
+"Continues exactly" is checked on what the resumed run itself did, not only on the metrics
+rows keyed by step (a silent fresh start re-runs the same deterministic steps and would
+write the same rows): its log says which checkpoint it resumed from, it logs exactly the
+steps after that checkpoint, and ``metrics.jsonl`` holds each step once. Shown to fail with
+``RLTrainer.resume`` returning 0 at once (the former row comparison passed it).
 """
 
 import os
@@ -18,7 +28,7 @@ import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import base_overrides, run_cli
+from .helpers import base_overrides, resumed_from, run_cli, run_log, steps_logged
 
 pytestmark = pytest.mark.e2e
 
@@ -146,8 +156,9 @@ def test_rank_killed_during_generation_then_exact_resume(tiny_run_inputs, tmp_pa
     assert "rank 1 died in phase generate of step 2 without a Python error (SIGKILL" in last, last
     assert _gone(str(cut), 30), "ranks survived"
     assert time.time() - started < 300 and not _left_behind(before)
+    killed_log = run_log(cut)
     run_cli(_args(tiny_run_inputs, cut, steps=3))  # resume_mode=auto: from step 1's checkpoint
-    assert _steps(cut) == reference
+    _assert_resumed_exactly(cut, killed_log, "global_step_1", reference)
 
 
 def test_ctrl_c_saves_stops_every_rank_and_resumes_exactly(tiny_run_inputs, tmp_path, reference):
@@ -162,5 +173,71 @@ def test_ctrl_c_saves_stops_every_rank_and_resumes_exactly(tiny_run_inputs, tmp_
     assert _gone(str(out), 10)
     saved = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     assert saved and saved[-1] in ("global_step_1", "global_step_2"), saved  # the step in progress, saved
+    interrupted_log = run_log(out)
     run_cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"])
-    assert _steps(out) == reference  # the files of one consistent history
+    _assert_resumed_exactly(out, interrupted_log, saved[-1], reference)  # the files of one consistent history
+
+
+def _assert_resumed_exactly(out, first_log: str, checkpoint: str, reference: dict) -> None:
+    """The run after ``first_log`` resumed from ``checkpoint``, ran only the steps after it
+    (up to 3), and the run directory's metrics are the uninterrupted run's, each step once
+    (step 0: the validation before training, written by the first run)."""
+    assert _steps(out) == reference  # the former check (first: a failure below means it passed)
+    step = int(checkpoint.rsplit("_", 1)[1])
+    resumed = run_log(out, start=len(first_log.encode()))
+    assert resumed_from(resumed) == {(checkpoint, step)}, resumed[-3000:]
+    assert steps_logged(resumed) == list(range(step + 1, 4)), resumed[-3000:]
+    assert [r["step"] for r in read_jsonl(str(out / "metrics.jsonl"))] == [0, 1, 2, 3]
+
+
+def _wait_for_step(proc, out, step: int, timeout_s: float = 400) -> None:
+    deadline = time.time() + timeout_s
+    while step not in (_steps(out) if (out / "metrics.jsonl").exists() else {}):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+
+
+def test_sigterm_saves_the_step_and_stops_every_rank(tiny_run_inputs, tmp_path):
+    """SIGTERM (a scheduler's soft kill) is the first Ctrl-C: the ranks finish the step in
+    progress, save it and stop; exit 130, no process or segment left. (Resuming from such a
+    checkpoint: the Ctrl-C test above.)"""
+    before = _segments()
+    out = tmp_path / "terminated"
+    proc = _cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"])
+    _wait_for_step(proc, out, 1)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=300) == 130, proc.stderr.read()[-3000:]
+    console = proc.stderr.read()
+    assert "SIGTERM: stopping after the current step" in console, console[-3000:]
+    assert _gone(str(out), 30) and not _left_behind(before)
+    saved = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
+    assert saved and saved[-1] in ("global_step_1", "global_step_2"), saved  # the step in progress
+    step = int(saved[-1].rsplit("_", 1)[1])
+    assert (out / "checkpoints" / saved[-1] / "meta.json").exists()
+    assert [r["step"] for r in read_jsonl(str(out / "metrics.jsonl"))] == list(range(0, step + 1))
+
+
+def test_second_ctrl_c_stops_at_once(tiny_run_inputs, tmp_path):
+    """The first Ctrl-C asks for the step's checkpoint; a second one, while that checkpoint is
+    being written (its commit held back by VERL_MP_CKPT_COMMIT_DELAY_S=120), stops the run at
+    once: the driver exits long before the commit would have happened, every rank with it,
+    and the half-written checkpoint never looks complete. torchrun; what the exit status is
+    (the interpreter's own for an unhandled KeyboardInterrupt, killed by SIGINT) is pinned
+    here as the code behaves (README promises exit 130 for the first Ctrl-C only)."""
+    out = tmp_path / "twice"
+    proc = _cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"],
+                env={"VERL_MP_CKPT_COMMIT_DELAY_S": "120"})
+    _wait_for_step(proc, out, 1)
+    os.kill(proc.pid, signal.SIGINT)
+    deadline = time.time() + 300
+    while not any((out / "checkpoints").glob(".tmp_global_step_*/trainer_state.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    second = time.time()
+    os.kill(proc.pid, signal.SIGINT)
+    code = proc.wait(timeout=110)  # before the 120 s commit delay ends
+    stopped_s = time.time() - second
+    print(f"stopped {stopped_s:.1f} s after the second Ctrl-C, exit status {code}")
+    assert code == -signal.SIGINT, (code, proc.stderr.read()[-3000:])
+    assert _gone(str(out), 30), _processes_of(str(out))
+    assert not list((out / "checkpoints").glob("global_step_*"))  # the checkpoint being written was not published

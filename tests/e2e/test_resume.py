@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import base_overrides, run_cli
+from .helpers import base_overrides, resumed_from, run_cli, run_log, steps_logged
 
 pytestmark = pytest.mark.e2e
 
@@ -28,25 +27,6 @@ def _by_step(out_dir):
     return {s: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for s, r in rows.items()}
 
 
-def _rank_log(out_dir, start: int = 0) -> str:
-    """The ranks' log (every rank's INFO lines; the console shows only progress) from byte ``start``."""
-    with open(out_dir / "logs" / "ranks.log", "rb") as f:
-        f.seek(start)
-        return f.read().decode()
-
-
-def _steps_logged(log: str) -> list[int]:
-    """The steps a run logged metrics for, from the console backend's ``step N | ...`` lines
-    (rank 0 only; step 0: the validation before training)."""
-    return [int(m) for m in re.findall(r"verl_mp\.trainer\.console: step (\d+) \| ", log)]
-
-
-def _resumed_from(log: str) -> set[tuple[str, int]]:
-    """(checkpoint directory name, step) of every rank's ``resuming from ... (step N)`` line."""
-    found = re.findall(r"resuming from (\S+) \(step (\d+)\)", log)
-    return {(os.path.basename(path), int(step)) for path, step in found}
-
-
 def test_resume_gives_identical_metrics(tiny_run_inputs, tmp_path):
     """An interrupted run resumed from its step-2 checkpoint logs where it resumed, runs only
     steps 3-4, keeps the first run's rows of steps 0-2 as they were written (wall-clock
@@ -60,14 +40,14 @@ def test_resume_gives_identical_metrics(tiny_run_inputs, tmp_path):
     run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4)
             + ["trainer.max_steps_this_run=2"])
     assert not (split / "checkpoints" / "global_step_4").exists()
-    first_log = _rank_log(split)
-    assert _steps_logged(first_log) == [0, 1, 2] and not _resumed_from(first_log)
+    first_log = run_log(split)
+    assert steps_logged(first_log) == [0, 1, 2] and not resumed_from(first_log)
     rows_before = (split / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows_before] == [0, 1, 2]
     run_cli(common + base_overrides(tiny_run_inputs, split, "torchrun", steps=4))
-    second_log = _rank_log(split, start=len(first_log.encode()))
-    assert _resumed_from(second_log) == {("global_step_2", 2)}, second_log[-3000:]
-    assert _steps_logged(second_log) == [3, 4]  # steps 1-2 (and the step-0 validation) were not re-run
+    second_log = run_log(split, start=len(first_log.encode()))
+    assert resumed_from(second_log) == {("global_step_2", 2)}, second_log[-3000:]
+    assert steps_logged(second_log) == [3, 4]  # steps 1-2 (and the step-0 validation) were not re-run
     rows_after = (split / "metrics.jsonl").read_text().splitlines()
     assert rows_after[:3] == rows_before  # the first run's rows, byte for byte
     a, b = _by_step(full), _by_step(split)
@@ -105,11 +85,11 @@ def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
     assert (ckpts / "global_step_1" / "meta.json").exists()
     assert not (ckpts / "global_step_2").exists()  # the half-written one never looks complete
 
-    killed_log = _rank_log(out)
+    killed_log = run_log(out)
     run_cli(args)
-    resumed_log = _rank_log(out, start=len(killed_log.encode()))
-    assert _resumed_from(resumed_log) == {("global_step_1", 1)}, resumed_log[-3000:]
-    assert _steps_logged(resumed_log) == [2, 3]
+    resumed_log = run_log(out, start=len(killed_log.encode()))
+    assert resumed_from(resumed_log) == {("global_step_1", 1)}, resumed_log[-3000:]
+    assert steps_logged(resumed_log) == [2, 3]
     assert [r["step"] for r in read_jsonl(str(out / "metrics.jsonl"))] == [1, 2, 3]
     assert (ckpts / "global_step_3" / "meta.json").exists()
     assert not staging.exists()

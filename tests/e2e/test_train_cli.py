@@ -1,13 +1,19 @@
-"""The real CLI for a few steps on CPU: Megatron TP=2 + vLLM TP=2 on gloo, Ray and torchrun."""
+"""The real CLI for a few steps on CPU: Megatron TP=2 + vLLM TP=2 on gloo, Ray and torchrun.
+
+`test_grpo` (both launchers) and `test_resume_continues_exactly` are in README's fast test
+command (``smoke``): the pipeline end to end once, with the rollout-vs-trainer log-prob gap
+checked after every sync and an exact resume.
+"""
 
 import json
 import math
+import shutil
 
 import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import base_overrides, run_cli
+from .helpers import base_overrides, resumed_from, run_cli, run_log, steps_logged
 
 pytestmark = pytest.mark.e2e
 
@@ -30,13 +36,32 @@ def _steps(out_dir):
     return {r["step"]: r for r in read_jsonl(str(out_dir / "metrics.jsonl"))}
 
 
+def _grpo_args(inputs, out, launcher):
+    return ["--config-name", "grpo", *base_overrides(inputs, out, launcher),
+            "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+            "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1",
+            "trainer.profile.steps=[2]", "trainer.save_freq=1"]
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tiny_run_inputs, tmp_path_factory):
+    """``launcher -> (run dir, CompletedProcess)`` of a 2-step GRPO run, each run once per
+    module (the resume test continues the torchrun run's step-1 checkpoint)."""
+    runs = {}
+
+    def get(launcher):
+        if launcher not in runs:
+            out = tmp_path_factory.mktemp("grpo") / launcher
+            runs[launcher] = out, run_cli(_grpo_args(tiny_run_inputs, out, launcher))
+        return runs[launcher]
+
+    return get
+
+
+@pytest.mark.smoke
 @pytest.mark.parametrize("launcher", ["ray", "torchrun"])
-def test_grpo(tiny_run_inputs, tmp_path, launcher):
-    out = tmp_path / launcher
-    proc = run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, launcher),
-                    "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
-                    "actor.kl_loss_coef=0.0123", "actor.entropy_coeff=0.001", "trainer.peak_tflops=0.1",
-                    "trainer.profile.steps=[2]"])
+def test_grpo(grpo_runs, launcher):
+    out, proc = grpo_runs(launcher)
     # quiet by default: a step line each, warnings, the run's start and end (the rest is in logs/)
     printed = (proc.stdout + proc.stderr).splitlines()
     assert len(printed) <= 60, "\n".join(printed)
@@ -56,6 +81,7 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
         assert math.isclose(steps[step]["actor/kl_loss_coef_max"], 0.0123, rel_tol=1e-6)
         assert math.isclose(steps[step]["actor/kl_loss_coef_min"], 0.0123, rel_tol=1e-6)
     assert (out / "config.yaml").read_text().count("kl_loss_coef: 0.0123") == 1
+    assert (out / "checkpoints" / "global_step_1" / "meta.json").exists()
     assert (out / "checkpoints" / "global_step_2" / "meta.json").exists()
     # generate, forward (old + reference log-probs), update, weight sync; profiling step 2
     # (trainer.profile) adds none
@@ -68,6 +94,38 @@ def test_grpo(tiny_run_inputs, tmp_path, launcher):
     assert set(phases) == {"generate", "forward", "old_log_prob", "ref", "update", "update_actor", "sync_weights"}
     assert all(p["calls"] == 1 and p["cpu_ms"] > 0 for p in phases.values())
     assert not (out / "profile" / "step_1").exists()
+
+
+# wall-clock dependent metrics can differ between runs; everything else must not
+VOLATILE = ("timing/", "perf/", "rollout/sync_gbps")
+
+
+@pytest.mark.smoke
+def test_resume_continues_exactly(grpo_runs, tiny_run_inputs, tmp_path):
+    """A copy of the torchrun run's directory without its step-2 checkpoint, started again
+    (``resume_mode=auto``): it logs that it resumes from ``global_step_1``, runs only step 2,
+    keeps the rows of steps 0-1 byte for byte, and logs for step 2 exactly what the
+    uninterrupted run logged (wall-clock metrics aside). Shown to fail with
+    ``RLTrainer.resume`` returning 0 at once (a silent fresh start: it re-runs step 1, which
+    a comparison of rows keyed by step alone would not see)."""
+    original, _ = grpo_runs("torchrun")
+    out = tmp_path / "resumed"
+    shutil.copytree(original, out)
+    shutil.rmtree(out / "checkpoints" / "global_step_2")
+    rows_before = (out / "metrics.jsonl").read_text().splitlines()
+    first_log = run_log(out)
+    run_cli(_grpo_args(tiny_run_inputs, out, "torchrun"))
+    resumed = run_log(out, start=len(first_log.encode()))
+    assert resumed_from(resumed) == {("global_step_1", 1)}, resumed[-3000:]
+    assert steps_logged(resumed) == [2], resumed[-3000:]
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0, 1, 2]
+    assert rows[:2] == rows_before[:2]  # the rows before the checkpoint, byte for byte
+    want, got = _steps(original)[2], json.loads(rows[2])
+    assert want.keys() == got.keys()
+    for key, value in want.items():
+        if not key.startswith(VOLATILE):
+            assert got[key] == value, (key, value, got[key])
 
 
 ENGINE_KEYS = {  # run-config key -> (role, EngineConfig field, value)

@@ -78,7 +78,9 @@ def test_padded_tokenizer_encodes_as_unpadded_and_matches_the_model(saved_dirs):
     padded = build_tiny_tokenizer(QWEN2_VOCAB)
     built_s = time.perf_counter() - start
     base = build_tiny_tokenizer()
-    assert len(padded) == QWEN2_VOCAB and built_s < 10, built_s  # measured 0.2 s
+    # 151,936 entries in seconds, not in the minutes of a vocabulary built merge by merge:
+    # measured 0.2 s on an idle 2-core machine, 4.2 s at load 16-40 on 2 cores (2026-12-05)
+    assert len(padded) == QWEN2_VOCAB and built_s < 60, built_s
     config = json.loads((saved_dirs["padded_qwen2_model"] / "config.json").read_text())
     assert config["vocab_size"] == QWEN2_VOCAB and config["eos_token_id"] == base.eos_token_id
     # The demo's cache probe and every text: the same ids; fillers only after the real tokens.

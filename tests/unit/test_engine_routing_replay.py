@@ -74,3 +74,20 @@ def test_batch_packs_each_samples_routing_at_its_positions():
     assert batch.select([1]).routed_experts.shape == (1, 5, L, K)
     with pytest.raises(ValueError, match="routing of 4 positions for 5 tokens"):
         batch.set_routing([per_sample[1], per_sample[1]])
+
+
+def test_forced_probabilities_carry_the_gradient_of_their_scores():
+    """A replayed router still learns: the forced experts' probabilities are the scores at
+    those experts, with their gradient (d sum(probs) / d scores is 1 at the forced experts,
+    0 elsewhere). Shown to fail with ``scores.gather(1, indices).detach()`` in
+    `LayerReplay.get_replay_topk` (the forward and the recorded routing are unchanged)."""
+    scores = torch.tensor([[0.1, 0.5, 0.3, 0.9], [0.8, 0.2, 0.7, 0.1]], requires_grad=True)
+
+    def natural(s, k, num_groups=None, group_topk=None):
+        return torch.topk(s, k, dim=1)
+
+    replay = LayerReplay()
+    replay.target = torch.tensor([[3, 1], [1, 3]], dtype=torch.int16)
+    probs, idx = replay.get_replay_topk(scores, 2, default_compute_topk=natural)
+    (probs * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+    assert scores.grad.tolist() == [[0.0, 2.0, 0.0, 1.0], [0.0, 3.0, 0.0, 4.0]]

@@ -16,12 +16,22 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
 
 ENV_VAR = "VERL_MP_KERNELS"
 IMPLS = ("auto", "torch", "triton")
+
+TRITON_LAUNCHES: Counter[str] = Counter()
+"""Triton kernel launches in this process, by kernel name (every launcher counts its own
+with `count_launch`): which path really ran, e.g. in the engine under ``VERL_MP_KERNELS``.
+One dictionary update per launch."""
+
+
+def count_launch(kernel: str) -> None:
+    TRITON_LAUNCHES[kernel] += 1
 
 
 def triton_available() -> bool:

@@ -13,6 +13,7 @@ from verl_mp.kernels.dispatch import (
     MASK_DTYPES,
     cdiv,
     check_tensor,
+    count_launch,
     mask_for_kernel,
     next_pow2,
 )
@@ -68,6 +69,7 @@ def gae_triton(
     from verl_mp.kernels._gae_triton import gae_kernel  # lazy: reads TRITON_INTERPRET
 
     grid = (cdiv(num_rows, block_b),)
+    count_launch("gae")
     gae_kernel[grid](
         token_level_rewards,
         values,

@@ -11,6 +11,7 @@ from verl_mp.kernels.dispatch import (
     FLOAT_DTYPES,
     MASK_DTYPES,
     check_tensor,
+    count_launch,
     mask_for_kernel,
     next_pow2,
 )
@@ -56,6 +57,7 @@ def group_advantages_triton(
 
     block_ids = min(next_pow2(num_rows), 1024)
     block_t = max(16, min(next_pow2(num_steps), 1024))
+    count_launch("group_adv")
     group_adv_kernel[(num_rows,)](
         token_level_rewards,
         mask_for_kernel(response_mask),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from verl_mp.kernels.dispatch import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, select_impl
+from verl_mp.kernels.dispatch import FLOAT_DTYPES, cdiv, check_tensor, count_launch, next_pow2, select_impl
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -78,6 +78,7 @@ class _RMSNorm(torch.autograd.Function):
         rstd = torch.empty(x2.shape[0], device=x.device, dtype=torch.float32)
         block = next_pow2(hidden)
         if x2.shape[0]:
+            count_launch("rmsnorm_fwd")
             rmsnorm_fwd_kernel[(x2.shape[0],)](x2, weight, y, rstd, hidden, eps, BLOCK_H=block,
                                                num_warps=_warps(block))
         ctx.save_for_backward(x2, weight, rstd)
@@ -97,6 +98,7 @@ class _RMSNorm(torch.autograd.Function):
         dw_part = torch.zeros(max(programs, 1), hidden, device=x2.device, dtype=torch.float32)
         block = next_pow2(hidden)
         if programs:
+            count_launch("rmsnorm_bwd")
             rmsnorm_bwd_kernel[(programs,)](x2, weight, g, rstd, dx, dw_part, rows, hidden, per_program,
                                             BLOCK_H=block, num_warps=_warps(block))
         return dx.view(ctx.x_shape), dw_part.sum(0).to(weight.dtype), None
@@ -112,6 +114,7 @@ class _SwiGLU(torch.autograd.Function):
         ffn = x2.shape[1] // 2
         out = torch.empty(x2.shape[0], ffn, device=x.device, dtype=x.dtype)
         if out.numel():
+            count_launch("swiglu_fwd")
             swiglu_fwd_kernel[(x2.shape[0], cdiv(ffn, 1024))](x2, out, ffn, BLOCK=1024, num_warps=4)
         ctx.save_for_backward(x2)
         ctx.x_shape = x.shape
@@ -126,6 +129,7 @@ class _SwiGLU(torch.autograd.Function):
         g = _rows(grad.to(x2.dtype))
         dx = torch.empty_like(x2)
         if g.numel():
+            count_launch("swiglu_bwd")
             swiglu_bwd_kernel[(x2.shape[0], cdiv(ffn, 1024))](x2, g, dx, ffn, BLOCK=1024, num_warps=4)
         return dx.view(ctx.x_shape)
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl_mp.kernels.dispatch import FLOAT_DTYPES, check_tensor, select_impl
+from verl_mp.kernels.dispatch import FLOAT_DTYPES, check_tensor, count_launch, select_impl
 
 NEG_BIG = -1.0e30
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -91,6 +91,7 @@ def _partial_stats_triton(
     )
     default_block, default_warps = _block_v(vocab_local)
     block_v, num_warps = block_v or default_block, num_warps or default_warps
+    count_launch("logprob_fwd")
     logprob_fwd_kernel[(n,)](
         logits,
         labels,
@@ -227,6 +228,7 @@ def _backward_triton(
     grad = torch.empty_like(logits)
     default_block, default_warps = _block_v(vocab_local)
     block_v, num_warps = block_v or default_block, num_warps or default_warps
+    count_launch("logprob_bwd")
     logprob_bwd_kernel[(n,)](
         logits,
         grad,

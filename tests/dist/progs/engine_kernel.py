@@ -10,7 +10,9 @@ and tests/gpu/test_engine_kernel_gpu.py (one GPU, bf16, large vocabulary, ``--ti
    are) computes log-probs and entropy and takes a train step with a policy-gradient +
    entropy loss, once per implementation (``VERL_MP_KERNELS``), then once more with torch
    (the run-to-run noise floor). Recorded: the largest differences over all ranks, the
-   gradient norms, and with ``--timing`` the time and peak memory of one train step.
+   gradient norms, every rank's Triton kernel launches during each run
+   (`verl_mp.kernels.dispatch.TRITON_LAUNCHES`: evidence of the path that ran), and with
+   ``--timing`` the time and peak memory of one train step.
    ``VERL_MP_KERNELS`` switches every kernel the engine uses: the log-prob op and the
    decoder layers' RMSNorm and SwiGLU (`verl_mp.kernels.layers`).
 3. With ``--fp32-reference``: the same weights in an fp32 engine, and each path's distance
@@ -35,6 +37,7 @@ from verl_mp.engine.logprobs import vocab_parallel_log_probs
 from verl_mp.engine.runtime import destroy_parallel, local_device
 from verl_mp.cli.rank_verify import token_batch
 from verl_mp.kernels import ENV_VAR
+from verl_mp.kernels.dispatch import TRITON_LAUNCHES
 
 from engine_checks import pg_loss  # this folder is on sys.path: the progs run as scripts
 
@@ -105,6 +108,7 @@ def timed_step(engine, batch):
 def run(engine, batch, impl: str, timing: bool) -> dict:
     """Log-probs, entropy, the local gradient vector and metrics with ``VERL_MP_KERNELS=impl``."""
     os.environ[ENV_VAR] = impl
+    launched_before = dict(TRITON_LAUNCHES)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     lp, ent = engine.compute_log_probs(ids, mask, temperature=TEMPERATURE, with_entropy=True)
     if timing:  # warm-up: Triton compiles, allocator caches fill
@@ -114,8 +118,11 @@ def run(engine, batch, impl: str, timing: bool) -> dict:
     grads = torch.cat([p.main_grad.detach().float().flatten() for _, p in named])
     # the norms' weights: a tiny share of all parameters, compared on their own
     norm_grads = torch.cat([p.main_grad.detach().float().flatten() for n, p in named if "norm" in n])
+    launched = {k: n - launched_before.get(k, 0) for k, n in TRITON_LAUNCHES.items() if n > launched_before.get(k, 0)}
+    every_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(every_rank, launched)
     return dict(lp=lp.cpu(), ent=ent.cpu(), grads=grads, norm_grads=norm_grads, metrics=metrics, step_s=seconds,
-                peak_bytes=peak)
+                peak_bytes=peak, launches=every_rank)
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -168,7 +175,7 @@ def main():
         tokens=int(mask.sum()),
         triton_vs_torch=compare(runs["triton"], runs["torch"], has_next),
         torch_repeat=compare(repeat, runs["torch"], has_next),
-        **{f"{impl}_{k}": r[k] for impl, r in runs.items() for k in ("metrics", "step_s", "peak_bytes")},
+        **{f"{impl}_{k}": r[k] for impl, r in runs.items() for k in ("metrics", "step_s", "peak_bytes", "launches")},
     )
     if a.fp32_reference:  # the same weights in an fp32 engine: how far each bf16 path is from it
         del engine

@@ -10,7 +10,8 @@ Checks (``--checks``, comma separated):
   sigmoid router) with load-balancing and z-loss: one step's metrics and the log-probs after
   it (compared across layouts by the test).
 - ``save``: after that step, save a dist checkpoint, then a second step's metrics and
-  log-probs; ``resume`` loads the checkpoint at this (other) layout and does the same.
+  log-probs (``resume``); ``resume`` loads the checkpoint into a new engine at this layout
+  (the saving one's or another) and does the same (``resumed``).
 - ``packed``: without router losses (they depend on how tokens are grouped into
   micro-batches), one step with padded fixed-size micro-batches and one with packed
   token-budget ones, whose counts differ between data-parallel ranks (padding micro-batches).
@@ -25,7 +26,10 @@ Checks (``--checks``, comma separated):
 - ``replay``: routing replay on Qwen3-MoE and Qwen2-MoE (padded micro-batches, and packed
   token-budget ones): the recorded natural routing, log-probs replaying it, log-probs and
   recorded routing when replaying `forced_routing` of it, and the routing a train step used
-  when replaying that.
+  when replaying that; that train step's loss terms and gradients (no clipping: each
+  router's weight gradient where the dense data-parallel size is 1, so that it is whole on
+  every rank, and every expert's fc1/fc2 gradient norm; experts are never data-parallel in
+  these layouts), for comparison with HF transformers under the same forced routing.
 """
 
 import argparse
@@ -55,10 +59,11 @@ class Runner:
                                        expert_model_parallel_size=a.ep, expert_tensor_parallel_size=a.etp,
                                        sequence_parallel=a.tp > 1)
 
-    def engine(self, arch: str, role: str = "ref", moe: MoEConfig = ROUTER_LOSSES, **kw) -> MegatronEngine:
+    def engine(self, arch: str, role: str = "ref", moe: MoEConfig = ROUTER_LOSSES, clip_grad: float = 1.0,
+               **kw) -> MegatronEngine:
         kw = {"micro_batch_size": 2, **kw}
         cfg = EngineConfig(model_path=str(Path(self.a.models) / arch), role=role, parallel=self.parallel,
-                           optim=OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=1.0), moe=moe,
+                           optim=OptimConfig(lr=1e-3, weight_decay=0.0, clip_grad=clip_grad), moe=moe,
                            total_training_steps=4, attention_backend="sdpa", **kw)
         engine = MegatronEngine(cfg)
         engine.load_hf()
@@ -105,7 +110,8 @@ class Runner:
         out = self.results.setdefault("replay", {})
         packed = dict(remove_padding=True, micro_batch_size=None, max_tokens_per_micro_batch=40)
         for arch, kw in (("qwen3_moe", {}), ("qwen2_moe", packed)):
-            engine = self.engine(arch, role="actor", moe=MoEConfig(), **kw)
+            # no clipping: the gradients stay as the loss made them, comparable with HF's
+            engine = self.engine(arch, role="actor", moe=MoEConfig(), clip_grad=0.0, **kw)
             b = batch_for(engine.spec.vocab_size, 0)
             ids, mask = b["input_ids"], b["attention_mask"]
             natural = engine.compute_log_probs(ids, mask, record_routing=True)
@@ -115,8 +121,10 @@ class Runner:
             forced = forced_routing(routing, engine.spec.moe.num_experts)
             lp = engine.compute_log_probs(ids, mask, routed_experts=forced, record_routing=True)
             used = engine.recorded_routing
-            engine.train_step({**b, "routed_experts": forced}, pg_loss(b), with_entropy=True, record_routing=True)
-            train_used = engine.recorded_routing
+            # the first step: the weights are still the HF checkpoint's
+            metrics = engine.train_step({**b, "routed_experts": forced}, pg_loss(b), with_entropy=True,
+                                        record_routing=True)
+            train_used, train_grads = engine.recorded_routing, moe_grads(engine)
             corrupt = routing.clone()
             corrupt[0, -1, 0] = torch.tensor([engine.spec.moe.num_experts, 0])  # an expert past the last one
             try:  # refused by value before any router sees it
@@ -128,7 +136,9 @@ class Runner:
                              replayed_natural_max_diff=float((same - natural).abs().max()),
                              replayed_natural_routing_equal=bool(torch.equal(same_routing, routing)),
                              forced=lp.tolist(), forced_used=used.tolist(),
-                             train_used=train_used.tolist())
+                             train_used=train_used.tolist(),
+                             train_metrics={k: metrics[k] for k in ("pg_loss", "entropy")},
+                             train_grads=train_grads)
 
     def check_critic(self):
         critic = self.engine("qwen2_moe", role="critic")
@@ -165,7 +175,34 @@ class Runner:
     def check_resume(self):
         engine = self.engine("qwen2_moe", role="actor")
         engine.load_checkpoint(str(Path(self.a.work) / "ckpt"))
-        self.results["resume"] = dict(before=self.lp(engine, 2).tolist(), **self.step(engine, 2))
+        self.results["resumed"] = dict(before=self.lp(engine, 2).tolist(), **self.step(engine, 2))
+
+
+def moe_grads(engine: MegatronEngine) -> dict:
+    """Gradients the last train step left in the MoE layers (``main_grad``), from every rank:
+    ``router.<layer>`` the router weight ``[E, hidden]`` (only where the dense data-parallel
+    size is 1: the distributed optimizer leaves a DP rank only its own part reduced) and
+    ``fc1.<layer>.<expert>`` / ``fc2.<layer>.<expert>`` each expert's weight gradient norm,
+    global layer and expert indices."""
+    from megatron.core import parallel_state as mps
+
+    local = {}
+    ep_rank = mps.get_expert_model_parallel_rank()
+    for chunk in engine.chunks:
+        for layer in chunk.module.decoder.layers:
+            index, mlp = layer.layer_number - 1, layer.mlp
+            if not hasattr(mlp, "router"):
+                continue
+            if engine.state.dp_size == 1:
+                local[f"router.{index}"] = mlp.router.weight.main_grad.detach().cpu().tolist()
+            experts = mlp.experts.local_experts
+            for j, expert in enumerate(experts):
+                e = ep_rank * len(experts) + j
+                local[f"fc1.{index}.{e}"] = float(expert.linear_fc1.weight.main_grad.norm())
+                local[f"fc2.{index}.{e}"] = float(expert.linear_fc2.weight.main_grad.norm())
+    every_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(every_rank, local)
+    return {k: v for d in every_rank for k, v in d.items()}
 
 
 def forced_routing(routing: torch.Tensor, num_experts: int) -> torch.Tensor:

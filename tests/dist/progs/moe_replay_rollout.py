@@ -6,7 +6,8 @@ tests/dist/test_routing_replay.py (a tiny Qwen3-MoE, fp32, vLLM at TP = world, e
    (natural) routing: they agree position by position (same weights, fp32).
 2. One optimizer step on the actor (no sync): the actor's natural routing now differs from the
    rollout's on some positions. Replaying the rollout's routing, the log-prob pass and a
-   train step route exactly as the rollout did (recorded with ``record_routing``).
+   train step route exactly as the rollout did (recorded with ``record_routing``), and the
+   train step's loss is the one of the replayed log-prob pass, not the natural one.
 3. The old-log-prob mode: the routing recorded in a forward pass, replayed in a train step,
    is what that step used.
 Writes the counts as JSON.
@@ -71,15 +72,22 @@ def main():
     step_batch = {"input_ids": ids, "attention_mask": mask, "response_mask": mask_s}
 
     def loss(outs, mb):
-        return -(outs["log_probs"] * mb["response_mask"]).sum() / total, {}
+        value = -(outs["log_probs"] * mb["response_mask"]).sum() / total
+        return value, {"loss": value.detach()}
+
+    def forward_loss(log_probs):  # the same loss from a log-prob pass, float64
+        return float(-(log_probs.double() * mask_s.double()).sum() / total)
 
     engine.train_step(step_batch, loss)
-    engine.compute_log_probs(ids, mask, record_routing=True)
+    natural_lp = engine.compute_log_probs(ids, mask, record_routing=True)
     result["after_step_natural_vs_rollout"] = agree(engine.recorded_routing, rolled)
-    engine.compute_log_probs(ids, mask, routed_experts=rolled, record_routing=True)
+    replayed_lp = engine.compute_log_probs(ids, mask, routed_experts=rolled, record_routing=True)
     result["after_step_replayed_vs_rollout"] = agree(engine.recorded_routing, rolled)
-    engine.train_step({**step_batch, "routed_experts": rolled}, loss, record_routing=True)
+    metrics = engine.train_step({**step_batch, "routed_experts": rolled}, loss, record_routing=True)
     result["train_replayed_vs_rollout"] = agree(engine.recorded_routing, rolled)
+    # the same weights for all three: the train step's loss comes from its own forward
+    result["train_losses"] = dict(train_replayed=metrics["loss"], forward_replayed=forward_loss(replayed_lp),
+                                  forward_natural=forward_loss(natural_lp))
 
     # old_logprob mode: record in the forward pass, replay in the update
     engine.compute_log_probs(ids, mask, record_routing=True)
