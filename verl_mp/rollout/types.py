@@ -36,6 +36,13 @@ class RolloutOutput:
     """Mixture-of-experts rollouts that recorded their routing: per sample ``[len(prompt) +
     len(response), L, k]`` int16, the experts each position was routed to in each MoE layer
     (-1 at the last position, which the rollout never ran)."""
+    response_masks: list[list[int]] | None = None
+    """Multi-turn rollouts: per response token 1 if the model generated it, 0 if it belongs to a
+    tool response (the loss skips it; its log-prob entry is 0). None: every token is the model's."""
+    trajectories: list[dict] | None = None
+    """Multi-turn rollouts: per sample the conversation (`verl_mp.rollout.multi_turn`:
+    ``messages``: assistant turns with their tool calls, tool responses with their status;
+    ``num_turns``, ``num_tool_calls``, ``finished``, ``stop_reason``). JSON-ready."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:
@@ -43,10 +50,32 @@ class RolloutOutput:
         for ids, lps in zip(self.response_ids, self.response_logprobs or self.response_ids, strict=True):
             if len(ids) != len(lps):
                 raise ValueError("RolloutOutput: one log-prob per response token required")
+        for ids, mask in zip(self.response_ids, self.response_masks or self.response_ids, strict=True):
+            if len(ids) != len(mask):
+                raise ValueError("RolloutOutput: one mask entry per response token required")
+        if self.trajectories is not None and len(self.trajectories) != len(self.response_ids):
+            raise ValueError("RolloutOutput: one trajectory per response required")
 
     @property
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    def final_texts(self) -> list[str] | None:
+        """Multi-turn: each sample's last assistant turn (what a reward function reads as its
+        answer); None for single-turn samples (the response is the answer)."""
+        if self.trajectories is None:
+            return None
+        return [next((m["content"] for m in reversed(t["messages"]) if m["role"] == "assistant"), "")
+                for t in self.trajectories]
+
+    def padded_masks(self, max_len: int) -> torch.Tensor | None:
+        """``response_masks`` as ``[B, max_len]`` float32, right-padded with 0 (None if absent)."""
+        if self.response_masks is None:
+            return None
+        out = torch.zeros(len(self.response_masks), max_len, dtype=torch.float32)
+        for i, mask in enumerate(self.response_masks):
+            out[i, : len(mask)] = torch.tensor(mask[:max_len], dtype=torch.float32)
+        return out
 
     def padded_logprobs(self, max_len: int | None = None) -> torch.Tensor | None:
         """Response log-probs as ``[B, T]`` float32, right-padded with 0 (None if not returned)."""

@@ -249,14 +249,19 @@ class RLTrainer:
 
     def _score(self, prompts: PromptBatch, out: RolloutOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """``[B]`` sequence rewards of ``out``'s samples (rank 0 scores, every rank gets them)."""
-        texts = self.inputs.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+        # multi-turn: the answer is the last assistant turn, and the reward function may read the
+        # whole trajectory (turns, tool calls, tool responses)
+        texts = out.final_texts() or self.inputs.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
         groups = [i // out.n for i in range(len(texts))]
         model_scores, result = None, None
         if self.plan.has("reward_model"):  # the reward model reads chat-templated prompt + response
-            model_scores = self.workers.score([prompts.prompts[g] + text for g, text in zip(groups, texts, strict=True)])
+            model_scores = self.workers.score([prompts.prompts[g] + text for g, text
+                                               in zip(groups, steps.reward_model_texts(out, texts, self.inputs.tokenizer),
+                                                      strict=True)])
         if self.is_main:
             result = self.inputs.reward.score(texts, [prompts.ground_truths[g] for g in groups],
-                                              [prompts.data_sources[g] for g in groups], model_scores=model_scores)
+                                              [prompts.data_sources[g] for g in groups], model_scores=model_scores,
+                                              trajectories=out.trajectories)
             result = (result.scores, result.metrics)
         scores, reward_metrics = self.broadcast(result)
         return scores.float(), reward_metrics
