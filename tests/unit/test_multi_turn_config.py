@@ -128,3 +128,22 @@ def test_batch_masks_tool_tokens():
     with pytest.raises(ValueError, match="one mask entry per response token"):
         RolloutOutput(prompt_ids=[[1]], response_ids=[[1, 2]], response_logprobs=None, n=1, finished=[True],
                       response_masks=[[1]])
+
+
+def test_dynamic_sampling_keeps_masks_and_trajectories():
+    """Groups picked and joined by dynamic sampling carry their samples' masks and trajectories
+    (dropping them would train on the tool responses' tokens)."""
+    from verl_mp.trainer.dynamic_sampling import ScoredSamples, fill_groups
+
+    def samples(tag, scores):
+        out = RolloutOutput(prompt_ids=[[1], [2]], response_ids=[[5, 6, 7]] * 4, response_logprobs=None, n=2,
+                            finished=[True] * 4, response_masks=[[1, 0, 1], [1, 1, 0], [0, 1, 1], [1, 0, 0]],
+                            trajectories=[{"tag": f"{tag}{i}"} for i in range(4)])
+        prompts = PromptBatch(input_ids=[[1], [2]], prompts=["a", "b"], ground_truths=["", ""], data_sources=["", ""],
+                              indices=[0, 1])
+        return ScoredSamples(prompts, out, torch.tensor(scores), torch.zeros(4, dtype=torch.int64), {})
+
+    first = samples("x", [1.0, 1.0, 0.0, 1.0])  # group 0 flat, group 1 informative
+    chosen, _ = fill_groups(first, lambda r: samples("y", [0.0, 1.0, 1.0, 1.0]), target_groups=2, max_extra_rounds=1)
+    assert [t["tag"] for t in chosen.out.trajectories] == ["x2", "x3", "y0", "y1"]
+    assert chosen.out.response_masks == [[0, 1, 1], [1, 0, 0], [1, 0, 1], [1, 1, 0]]

@@ -273,24 +273,27 @@ COUNTERS = ("turns", "model_tokens", "tool_tokens", "tool_calls", "tool_ok", "to
 def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None) -> dict[str, float]:
     """Step the engine until every conversation is done (on every rank of the rollout; the
     leaders pass their `MultiTurnState`, the other ranks None). Returns timings."""
-    start, idle_s, steps, busy = time.perf_counter(), 0.0, 0, False
+    start, idle_s, engine_s, steps, busy = time.perf_counter(), 0.0, 0.0, 0, False
     while True:
         began = time.perf_counter()
         requests, done = state.next_requests(busy) if state is not None else (None, None)
         requests, done = link.share(requests, done)
         if done:
             break
+        stepped = time.perf_counter()
         for request in requests:
             engine.add(request)
         busy = engine.has_unfinished()
         if busy:
             outputs = engine.step()
             steps += 1
+            engine_s += time.perf_counter() - stepped
             if state is not None:
                 state.on_outputs(outputs)
         else:
             idle_s += time.perf_counter() - began
-    return {"wall_s": time.perf_counter() - start, "engine_idle_s": idle_s, "engine_steps": float(steps)}
+    return {"wall_s": time.perf_counter() - start, "engine_idle_s": idle_s, "engine_s": engine_s,
+            "engine_steps": float(steps)}
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -308,6 +311,8 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         "rollout/multi_turn/tool_latency_max_s": max((p.get("tool_seconds_max", 0.0) for p in parts), default=0.0),
         "rollout/multi_turn/turns_per_s": total.get("turns", 0.0) / wall if wall else 0.0,
         "rollout/multi_turn/engine_idle_frac": (sum(p.get("engine_idle_s", 0.0) for p in parts)
+                                                / max(sum(p.get("wall_s", 0.0) for p in parts), 1e-9)),
+        "rollout/multi_turn/engine_busy_frac": (sum(p.get("engine_s", 0.0) for p in parts)
                                                 / max(sum(p.get("wall_s", 0.0) for p in parts), 1e-9)),
         "rollout/multi_turn/engine_steps": max((p.get("engine_steps", 0.0) for p in parts), default=0.0),
     })

@@ -56,9 +56,47 @@ class RolloutOutput:
         if self.trajectories is not None and len(self.trajectories) != len(self.response_ids):
             raise ValueError("RolloutOutput: one trajectory per response required")
 
+    def select(self, prompts: list[int]) -> RolloutOutput:
+        """The samples of ``prompts`` (indices), in that order; every per-sample field follows
+        (metrics and wall times are kept)."""
+        rows = [g * self.n + j for g in prompts for j in range(self.n)]
+
+        def pick(values):
+            return None if values is None else [values[r] for r in rows]
+
+        return RolloutOutput(prompt_ids=[self.prompt_ids[g] for g in prompts], response_ids=pick(self.response_ids),
+                             response_logprobs=pick(self.response_logprobs), n=self.n, finished=pick(self.finished),
+                             metrics=dict(self.metrics), wall_start=self.wall_start, wall_end=self.wall_end,
+                             routed_experts=pick(self.routed_experts), response_masks=pick(self.response_masks),
+                             trajectories=pick(self.trajectories))
+
+    @staticmethod
+    def concat(parts: list[RolloutOutput]) -> RolloutOutput:
+        """The samples of ``parts`` one after the other (metrics and wall times of the first)."""
+        first = parts[0]
+
+        def join(name):
+            if getattr(first, name) is None:
+                return None
+            return [x for p in parts for x in getattr(p, name)]
+
+        return RolloutOutput(prompt_ids=join("prompt_ids"), response_ids=join("response_ids"),
+                             response_logprobs=join("response_logprobs"), n=first.n, finished=join("finished"),
+                             metrics=dict(first.metrics), wall_start=first.wall_start, wall_end=first.wall_end,
+                             routed_experts=join("routed_experts"), response_masks=join("response_masks"),
+                             trajectories=join("trajectories"))
+
     @property
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the engine sampled: all response tokens, less the tool responses' of
+        multi-turn samples (what generation speed counts)."""
+        if self.response_masks is None:
+            return self.num_tokens
+        return sum(sum(m) for m in self.response_masks)
 
     def final_texts(self) -> list[str] | None:
         """Multi-turn: each sample's last assistant turn (what a reward function reads as its

@@ -183,9 +183,10 @@ class RLTrainer:
         metrics = {**self.workers.step_counters(), **self.timer.metrics(),
                    **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
-        metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(out.wall_end - out.wall_start, 1e-9)
+        generated = out.num_generated_tokens  # multi-turn: the model's tokens, not the tool responses'
+        metrics["timing/generate_tokens_per_s"] = generated / max(out.wall_end - out.wall_start, 1e-9)
         if out.metrics.get("timing/generate_engine_s"):  # the engine call alone (no wake or sleep)
-            metrics["timing/generate_engine_tokens_per_s"] = out.num_tokens / out.metrics["timing/generate_engine_s"]
+            metrics["timing/generate_engine_tokens_per_s"] = generated / out.metrics["timing/generate_engine_s"]
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
 
@@ -282,7 +283,8 @@ class RLTrainer:
         scores, reward_metrics = self._score(prompts, out)
         return {"val/score/mean": scores.mean().item(),
                 "val/accuracy": reward_metrics.get("reward/accuracy", (scores > 0).float().mean().item()),
-                "val/response_length/mean": sum(len(r) for r in out.response_ids) / max(len(out.response_ids), 1)}
+                "val/response_length/mean": sum(len(r) for r in out.response_ids) / max(len(out.response_ids), 1),
+                **steps.validation_turn_metrics(out.metrics)}
 
     # -- checkpoints -------------------------------------------------------------------------
     def _should_save(self, step: int) -> bool:

@@ -48,6 +48,14 @@ def reward_model_texts(out: RolloutOutput, texts: list[str], tokenizer) -> list[
     return tokenizer.batch_decode(out.response_ids, skip_special_tokens=False)
 
 
+def validation_turn_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
+    """A multi-turn validation's tool use: ``val/multi_turn/{tool_call_success,
+    tool_calls_per_conversation,turns_per_conversation,truncated}`` ({} for single-turn)."""
+    keys = ("tool_call_success", "tool_calls_per_conversation", "turns_per_conversation", "truncated")
+    return {f"val/multi_turn/{k}": rollout_metrics[f"rollout/multi_turn/{k}"] for k in keys
+            if f"rollout/multi_turn/{k}" in rollout_metrics}
+
+
 def make_kl_controller(algo: AlgorithmConfig):
     ctrl = algo.kl_ctrl
     if ctrl.type == "fixed":
