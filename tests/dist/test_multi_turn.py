@@ -66,5 +66,27 @@ def test_bad_tool_calls_are_fed_back_and_counted(model_dir, tmp_path):
     assert any("the tool failed on purpose" in e for e in errors) and any("did not answer within 2.0s" in e for e in errors)
     assert any("malformed tool call" in e for e in errors) and any("unknown tool 'abacus'" in e for e in errors)
     assert "max_total_tokens" in r["stop_reasons"] and max(r["lengths"]) <= 96, r
-    # hanging tools (2 s timeout) overlap with everything else: no stall of a timeout per hang
+    # no barrier: while a tool hung (2 s), the engine went on with the other conversations
+    assert r["steps_while_hanging"] and min(r["steps_while_hanging"]) >= 5, r["steps_while_hanging"]
     assert r["seconds"] < 2.0 * m["tool_timeouts"] + 15, (r["seconds"], m["tool_timeouts"])
+
+
+def test_routing_replay_over_multi_turn_conversations(tmp_path):
+    """Mixture of experts (Qwen3-MoE, engine EP2, vLLM TP2 recording with hooks): each sample's
+    recorded routing covers the whole conversation, tool tokens included, and is the engine's."""
+    from verl_mp.demo.tiny_models import save_tiny_moe
+
+    model = save_tiny_moe(tmp_path / "m", num_layers=2)  # the tokenizer's vocabulary: tool responses are text
+    out = tmp_path / "r.json"
+    launch_local(PROG, 2, ["--model", model, "--mode", "moe", "--out", out],
+                 module=False, timeout_s=500, capture_output=True, env=ENV)
+    r = json.loads(out.read_text())
+    assert r["multi_turn_samples"] >= 3 and r["tool_tokens"] > 50, r
+    assert r["all_but_last_known"], r
+    same, known = r["natural_vs_rollout"]
+    assert same == known > 400, r
+    assert r["gap"] <= TOL, r
+    drifted, known = r["after_step_natural_vs_rollout"]
+    assert drifted < known, r  # the update moved the engine's own routing
+    same, known = r["after_step_replayed_vs_rollout"]
+    assert same == known, r

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tests.e2e.agent_plugins import TOOLS, scenario
 from verl_mp.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig
 from verl_mp.rollout import vllm_turns
+from verl_mp.rollout.multi_turn import MultiTurnState
 
 STOP = [2] + list(range(40, 70))
 """Random-weight models rarely sample EOS; these ~10% of the vocabulary end their turns."""
@@ -180,6 +181,19 @@ def bad(args) -> dict:
 
     cfg = RolloutConfig(max_model_len=256, multi_turn=mt_config(args, timeout_s=2.0))
     rollout = VLLMRollout(cfg, args.model, 2)
+    step_times, hangs = [], []  # when the engine stepped; when each timed-out call ran
+    step, on_result = vllm_turns.VLLMTurnEngine.step, MultiTurnState._tool_result
+
+    def timed_step(self):
+        step_times.append(time.monotonic())
+        return step(self)
+
+    def tool_result(self, key, result):
+        if result.status == "timeout":
+            hangs.append((time.monotonic() - result.seconds, time.monotonic()))
+        return on_result(self, key, result)
+
+    vllm_turns.VLLMTurnEngine.step, MultiTurnState._tool_result = timed_step, tool_result
     prompts = prompts_of(300, 8)
     start = time.monotonic()
     out = rollout.generate(prompts, SamplingConfig(n=3, temperature=1.0, max_new_tokens=12, seed=5,
@@ -199,13 +213,64 @@ def bad(args) -> dict:
             "finished": out.finished, "lengths": [len(p) + len(r) for p, r in
                                                    zip([prompts[i // 3] for i in range(len(out.response_ids))],
                                                        out.response_ids, strict=True)],
-            "scenarios": kinds}
+            "scenarios": kinds,
+            "steps_while_hanging": [sum(a <= t <= b for t in step_times) for a, b in hangs]}
+
+
+def moe(args) -> dict:
+    """A tiny Qwen3-MoE at EP2 and vLLM at TP2 recording its routing (hooks) over multi-turn
+    conversations: each sample's routing covers every position of the conversation (the model's
+    and the tool's tokens, which its last turn's request ran), equals the engine's own routing on
+    the same weights, and replayed after an update routes the engine exactly so."""
+    from verl_mp.config.optim import OptimConfig
+    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.data.batch import PromptBatch
+    from verl_mp.data.rl_batch import attention_mask, to_positions
+    from verl_mp.engine.config import EngineConfig
+    from verl_mp.engine.engine import MegatronEngine
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+    from verl_mp.trainer.steps import build_batch, logprob_gap_metrics
+
+    engine = MegatronEngine(EngineConfig(model_path=args.model, micro_batch_size=4,
+                                         parallel=ParallelConfig(expert_model_parallel_size=2),
+                                         optim=OptimConfig(lr=3e-2, weight_decay=0.0)))
+    engine.load_hf()
+    cfg = RolloutConfig(tensor_model_parallel_size=2, max_model_len=256, multi_turn=mt_config(args, timeout_s=1.0))
+    rollout = VLLMRollout(cfg, args.model, engine.spec.num_query_groups, moe=True, record_routing=True)
+    prompts = prompts_of(engine.spec.vocab_size, 5)
+    n = 2
+    sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=10, seed=3, seed_scope="request", stop_token_ids=STOP)
+    out = rollout.generate(prompts, sampling, record_routing=True)
+    pb = PromptBatch(input_ids=prompts, prompts=[""] * 5, ground_truths=[""] * 5, data_sources=[""] * 5,
+                     indices=list(range(5)))
+    batch = build_batch(pb, out, pad_token_id=0)
+    ids, mask, rolled = batch.input_ids, attention_mask(batch), batch.routed_experts
+    lengths = [len(prompts[i // n]) + len(r) for i, r in enumerate(out.response_ids)]
+    result = {"multi_turn_samples": sum(t["num_turns"] > 1 for t in out.trajectories),
+              "tool_tokens": int(sum(len(r) for r in out.response_ids) - batch.response_mask.sum()),
+              "all_but_last_known": all(bool((rolled[i, : length - 1] >= 0).all()) and bool((rolled[i, length - 1] == -1).all())
+                                        for i, length in enumerate(lengths))}
+    from tests.dist.progs.moe_replay_rollout import agree
+
+    lp = engine.compute_log_probs(ids, mask, record_routing=True)
+    result["natural_vs_rollout"] = agree(engine.recorded_routing, rolled)
+    batch.old_log_probs = batch.gather_response(lp)
+    result["gap"] = logprob_gap_metrics(batch)["rollout/logprob_diff_max"]
+    mask_s = to_positions(batch, batch.response_mask)
+    total = float(mask_s.sum())
+    engine.train_step({"input_ids": ids, "attention_mask": mask, "response_mask": mask_s},
+                      lambda o, mb: (-(o["log_probs"] * mb["response_mask"]).sum() / total, {}))
+    engine.compute_log_probs(ids, mask, record_routing=True)
+    result["after_step_natural_vs_rollout"] = agree(engine.recorded_routing, rolled)
+    engine.compute_log_probs(ids, mask, routed_experts=rolled, record_routing=True)
+    result["after_step_replayed_vs_rollout"] = agree(engine.recorded_routing, rolled)
+    return result
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--mode", choices=("tito", "bad"), required=True)
+    p.add_argument("--mode", choices=("tito", "bad", "moe"), required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--max-total", type=int, default=128)
@@ -213,7 +278,7 @@ def main():
     a = p.parse_args()
     if a.mode == "bad" and not dist.is_initialized():
         dist.init_process_group("gloo")
-    result = tito(a) if a.mode == "tito" else bad(a)
+    result = {"tito": tito, "bad": bad, "moe": moe}[a.mode](a)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(result, f)
