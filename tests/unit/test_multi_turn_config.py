@@ -147,3 +147,24 @@ def test_dynamic_sampling_keeps_masks_and_trajectories():
     chosen, _ = fill_groups(first, lambda r: samples("y", [0.0, 1.0, 1.0, 1.0]), target_groups=2, max_extra_rounds=1)
     assert [t["tag"] for t in chosen.out.trajectories] == ["x2", "x3", "y0", "y1"]
     assert chosen.out.response_masks == [[0, 1, 1], [1, 0, 0], [1, 0, 1], [1, 1, 0]]
+
+
+def test_agentic_doc_names_real_metrics_and_keys():
+    """docs/agentic.md: every ``rollout/multi_turn/*`` metric it names is one the rollout writes,
+    and every ``rollout.multi_turn.*`` key it names is in the schema."""
+    from pathlib import Path
+
+    from verl_mp.rollout.multi_turn import merge_metrics
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agentic.md").read_text()
+    written = set(merge_metrics([{"wall_s": 1.0}]))
+    table = text.split("Metrics (`rollout/multi_turn/*`", 1)[1].split("Validation logs", 1)[0]
+    named = {f"rollout/multi_turn/{m}" for m in re.findall(r"`([a-z_]+)`", table)}
+    named |= set(re.findall(r"`(rollout/multi_turn/[a-z_]+)`", text))
+    assert named and named <= written, sorted(named - written)
+    fields = set(MultiTurnConfig.__dataclass_fields__)
+    keys = set(re.findall(r"rollout\.multi_turn\.([a-z_]+)", text))
+    keys |= set(re.findall(r"^\| `([a-z_]+)` \|", text, re.M))
+    keys |= {k.strip("` ") for row in re.findall(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)+) \|", text, re.M)
+             for k in row.split(",")}
+    assert keys and keys <= fields, sorted(keys - fields)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 
 from verl_mp.config.rollout import MultiTurnConfig, SamplingConfig
@@ -94,8 +95,6 @@ class TurnLink:
             dist.broadcast_object_list(box, src=self.leader, group=self.tp_group)
             requests, done = box[0]
         if self.dp_group is not None:
-            import torch
-
             flag = torch.tensor([0 if done else 1], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_group)
             done = int(flag.item()) == 0
