@@ -107,6 +107,8 @@ def test_tool_pool_contains_bad_tools(plugin, monkeypatch):
                            f"die={plugin}:die", f"secrets={plugin}:secrets", "calculator", "python"])
     pool = ToolPool(num_workers=2, timeout_s=3.0, kill_grace_s=0.5)
     try:
+        pool.start()  # as a rollout does when it is built
+        assert len(pool._workers) == 2 and pool.in_flight == 0
         pool.submit("hang", tools["hang"], {})
         for i in range(6):
             pool.submit(f"echo{i}", tools["echo"], {"text": f"hi {i}"})

@@ -46,6 +46,11 @@ class ToolPool(RewardExecutor):
         self._todo: list[int] = []  # popped from the end: insert new calls at the front
         self._next = 0
 
+    def start(self) -> None:
+        """Start every worker now (they start on the first calls otherwise): a rollout does
+        this when it is built, so that its first tool calls do not wait for interpreters."""
+        self._fill(list(range(self.num_workers)))
+
     @property
     def in_flight(self) -> int:
         """Calls submitted and not yet returned by `poll`."""

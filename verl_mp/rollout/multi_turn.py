@@ -127,10 +127,6 @@ class Conversation:
         return {"messages": self.messages, "num_turns": self.turns, "num_tool_calls": tool_calls,
                 "finished": self.finished, "stop_reason": self.stop_reason}
 
-    def final_text(self) -> str:
-        """The last assistant turn's text (what a reward function reads as the answer)."""
-        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
-
 
 class MultiTurnState:
     """The leader's side: the conversations, their tool calls, and the metrics."""
@@ -303,6 +299,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     answered = total.get("tool_ok", 0.0) + total.get("tool_errors", 0.0) + total.get("tool_timeouts", 0.0)
     out = {f"rollout/multi_turn/{k}": total.get(k, 0.0) for k in COUNTERS}
     out.update({
+        "rollout/multi_turn/conversations": total.get("conversations", 0.0),
         "rollout/multi_turn/turns_per_conversation": total.get("turns", 0.0) / convs,
         "rollout/multi_turn/tool_calls_per_conversation": calls / convs,
         "rollout/multi_turn/tool_call_success": total.get("tool_ok", 0.0) / calls if calls else 0.0,

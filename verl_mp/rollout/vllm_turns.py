@@ -81,9 +81,11 @@ class MultiTurnRollout:
         self.parser = get_tool_parser(mt.tool_parser)
         self.leader = rank % tp_size == 0
         self.link = _make_link(rank, tp_size, dp_size)
-        self.pool = ToolPool(mt.tool_num_workers, mt.tool_timeout_s,
-                             WorkerLimits(memory_mb=mt.tool_memory_limit_mb, cpu_s=mt.tool_cpu_limit_s)) \
-            if self.leader else None
+        self.pool = None
+        if self.leader:
+            self.pool = ToolPool(mt.tool_num_workers, mt.tool_timeout_s,
+                                 WorkerLimits(memory_mb=mt.tool_memory_limit_mb, cpu_s=mt.tool_cpu_limit_s))
+            self.pool.start()
 
     def generate(self, rollout, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
                  routing: str | None) -> tuple[dict[int, list[tuple]], dict[str, float]]:
