@@ -280,6 +280,9 @@ def write_demo_model_config(out_dir: str | Path, s: DemoSettings) -> Path:
         return _save_moe_init(Path(out_dir), s)
     config, _ = tiny_tokenizer_config(Qwen2Config, Qwen2ForCausalLM, qwen2_shape(**demo_model_shape(s)),
                                       s.vocab_size)
+    own = getattr(s, "build_tokenizer", None)  # a demo with a tokenizer of its own (the tool demo)
+    if own is not None:
+        config.vocab_size = len(own())
     config.save_pretrained(str(out_dir))
     return Path(out_dir)
 
