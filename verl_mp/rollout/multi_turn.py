@@ -22,7 +22,6 @@ done (their engines' steps are collective when the engine says so).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ from verl_mp.config.rollout import MultiTurnConfig, SamplingConfig
 from verl_mp.data.chat_fragments import ToolResponseFormat
 from verl_mp.reward.tool_parser import ToolCall
 from verl_mp.reward.tool_pool import ToolPool, ToolResult
-
-logger = logging.getLogger(__name__)
 
 MAX_CALLS_PER_TURN = 8
 """Tool calls of one turn that run; further calls get an error response without running."""

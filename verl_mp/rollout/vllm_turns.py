@@ -8,7 +8,6 @@ the engine step by step (``LLM.llm_engine``: ``add_request``, ``has_unfinished_r
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -30,8 +29,6 @@ from verl_mp.rollout.multi_turn import (
     run_turns,
 )
 from verl_mp.rollout.types import RolloutOutput
-
-logger = logging.getLogger(__name__)
 
 
 class VLLMTurnEngine:

@@ -373,8 +373,13 @@ def _check_multi_turn(cfg: RootConfig, spec) -> None:
     from verl_mp.reward.tool_parser import get_tool_parser
     from verl_mp.reward.tools import resolve_tools
 
+    from verl_mp.config.rollout import MultiTurnConfig
+
     mt, r = cfg.rollout.multi_turn, cfg.rollout
     if not mt.enable:
+        if mt != MultiTurnConfig():
+            logger.warning("rollout.multi_turn.* is set but rollout.multi_turn.enable=false: the settings have no "
+                           "effect (single-turn generation)")
         return
     if r.backend != "vllm":
         raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm (the HF backend generates one "
