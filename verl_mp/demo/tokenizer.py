@@ -80,9 +80,10 @@ def _byte_symbols() -> list[str]:
     return [symbols[b] for b in range(256)]
 
 
-def _merges() -> list[tuple[str, str]]:
+def _merges(extra_words: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """Merges that build each word left to right; longer words first, so a shorter word's
-    merge (``i s``) never splits a longer word that contains it (``assistant``)."""
+    merge (``i s``) never splits a longer word that contains it (``assistant``).
+    ``extra_words`` (any bytes: ``' {"'``) come after, so the base ids stay what they are."""
     merges: list[tuple[str, str]] = []
     for word in sorted(WORDS, key=lambda w: (-len(w), w)):
         if word == "####":  # two equal halves: '#'+'#', then '##'+'##'
@@ -90,6 +91,10 @@ def _merges() -> list[tuple[str, str]]:
         else:
             pairs = [(word[:i], word[i]) for i in range(1, len(word))]
         merges += [p for p in pairs if p not in merges]
+    symbols = _byte_symbols()
+    for word in sorted(extra_words, key=lambda w: (-len(w), w)):
+        word = "".join(symbols[b] for b in word.encode())
+        merges += [p for p in ((word[:i], word[i]) for i in range(1, len(word))) if p not in merges]
     return merges
 
 
@@ -117,9 +122,9 @@ def _padded(vocab: dict[str, int], vocab_size: int | None) -> dict[str, int]:
     return {**vocab, **{FILLER.format(i): i for i in range(start, vocab_size)}}
 
 
-def _backend(vocab_size: int | None = None) -> Tokenizer:
+def _backend(vocab_size: int | None = None, extra_words: tuple[str, ...] = ()) -> Tokenizer:
     """The tokenizers pipeline, built the way transformers' Qwen2Tokenizer builds its own."""
-    merges = _merges()
+    merges = _merges(extra_words)
     core = Tokenizer(models.BPE(vocab=_padded(_vocab(merges), vocab_size), merges=merges, dropout=None, unk_token=None,
                                 continuing_subword_prefix="", end_of_word_suffix="",
                                 fuse_unk=False, byte_fallback=False))
@@ -133,11 +138,18 @@ def _backend(vocab_size: int | None = None) -> Tokenizer:
     return core
 
 
-def build_tiny_tokenizer(vocab_size: int | None = None) -> Qwen2TokenizerFast:
+def build_tiny_tokenizer(vocab_size: int | None = None, extra_words: tuple[str, ...] = (),
+                         added_tokens: tuple[str, ...] = ()) -> Qwen2TokenizerFast:
     """Build the tiny tokenizer in memory (no files, no downloads); ``vocab_size`` pads it
-    with fillers to exactly that many entries (``len(tokenizer) == vocab_size``)."""
+    with fillers to exactly that many entries (``len(tokenizer) == vocab_size``).
+    ``extra_words``: more merged tokens (after the base ones); ``added_tokens``: whole tokens
+    matched before pre-tokenization and decoded as text (as Qwen's ``<tool_call>``), last."""
+    from tokenizers import AddedToken
+
+    if added_tokens and vocab_size is not None:
+        raise ValueError("added_tokens go after the vocabulary; they cannot be combined with a padded vocab_size")
     tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=_backend(vocab_size),
+        tokenizer_object=_backend(vocab_size, extra_words),
         pad_token=PAD_TOKEN,
         eos_token=IM_END_TOKEN,
         unk_token=None,
@@ -146,11 +158,14 @@ def build_tiny_tokenizer(vocab_size: int | None = None) -> Qwen2TokenizerFast:
         model_max_length=4096,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
+    if added_tokens:
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return tokenizer
 
 
-def save_tiny_tokenizer(output_dir: str | Path, vocab_size: int | None = None) -> Path:
+def save_tiny_tokenizer(output_dir: str | Path, vocab_size: int | None = None, extra_words: tuple[str, ...] = (),
+                        added_tokens: tuple[str, ...] = ()) -> Path:
     """Build the tokenizer and ``save_pretrained`` it; ``AutoTokenizer`` loads it back exactly."""
     output_dir = Path(output_dir)
-    build_tiny_tokenizer(vocab_size).save_pretrained(str(output_dir))
+    build_tiny_tokenizer(vocab_size, extra_words, added_tokens).save_pretrained(str(output_dir))
     return output_dir

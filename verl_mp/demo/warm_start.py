@@ -167,7 +167,8 @@ def demo_key(settings: DemoSettings) -> str:
     tokenizer (its pipeline and chat template)."""
     from verl_mp.demo.tokenizer import build_tiny_tokenizer
 
-    tok = build_tiny_tokenizer(settings.vocab_size)
+    own = getattr(settings, "build_tokenizer", None)  # a demo with a tokenizer of its own (the tool demo)
+    tok = own() if own is not None else build_tiny_tokenizer(settings.vocab_size)
     fields = {**asdict(settings), "sft_device": sft_device(settings), "sft_dtype": sft_dtype(settings)}
     fields = {k: v for k, v in fields.items() if k not in _KEYED_SINCE_V2 or v != _KEYED_SINCE_V2[k]}
     identity = {"settings": fields, "tokenizer": tok.backend_tokenizer.to_str(), "chat_template": tok.chat_template}
@@ -227,6 +228,10 @@ def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None
     _check_device(s)
     logger.info("demo: building data and a %d-layer model of width %d under %s (one-time, ~2 min)",
                 s.num_layers, s.hidden_size, root)
+    own = getattr(s, "build_warm_start", None)  # a demo that builds itself (the tool demo)
+    if own is not None:
+        own(root, model_dir, data_dir)
+        return
     start = time.monotonic()
     write_synthetic_dataset(data_dir, num_train=s.num_train, num_test=s.num_test, seed=s.seed,
                             max_digits=s.max_digits, second_digits=s.second_digits)
@@ -275,6 +280,9 @@ def write_demo_model_config(out_dir: str | Path, s: DemoSettings) -> Path:
         return _save_moe_init(Path(out_dir), s)
     config, _ = tiny_tokenizer_config(Qwen2Config, Qwen2ForCausalLM, qwen2_shape(**demo_model_shape(s)),
                                       s.vocab_size)
+    own = getattr(s, "build_tokenizer", None)  # a demo with a tokenizer of its own (the tool demo)
+    if own is not None:
+        config.vocab_size = len(own())
     config.save_pretrained(str(out_dir))
     return Path(out_dir)
 

@@ -54,7 +54,8 @@ def _demo_spec(config_name: str):
     """`GPTSpec` of a demo preset's model (`verl_mp.demo.warm_start.DEMO_PRESETS`), or None."""
     import tempfile
 
-    from verl_mp.demo.warm_start import DEMO_PRESETS, write_demo_model_config
+    from verl_mp.demo.presets import DEMO_PRESETS
+    from verl_mp.demo.warm_start import write_demo_model_config
 
     settings = DEMO_PRESETS.get(config_name)
     if settings is None:

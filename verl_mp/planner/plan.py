@@ -127,6 +127,8 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
     dims = ModelDims.from_spec(spec)
     seq = cfg.data.max_prompt_length + cfg.rollout.sampling.max_new_tokens
+    if cfg.rollout.multi_turn.enable:  # every turn and tool response of a conversation is one row
+        seq = cfg.rollout.multi_turn.max_total_tokens
     world = cfg.trainer.world_size
     mini_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n
     actor = _engine(cfg, "actor", dims, cfg.actor.megatron, world, spec, seq, mini_rows)

@@ -24,6 +24,8 @@ class Outcome:
     score: float = 0.0
     extras: dict[str, float] | None = None
     message: str = ""
+    text: str = ""
+    """What a call made with ``text=True`` returned (a tool's answer; `verl_mp.reward.tool_pool`)."""
 
 
 class _CallTimeout(BaseException):
@@ -65,8 +67,9 @@ def normalize_result(value: Any) -> tuple[float, dict[str, float]]:
     return float(number), extras
 
 
-def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None) -> Outcome:
+def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None, text: bool = False) -> Outcome:
     """Call ``fn(*args)``; never raises. The timer needs the main thread (pool workers).
+    ``text``: the result is a tool's answer, kept as ``Outcome.text`` (``str(value)``), not a score.
 
     A call that returns after ``timeout_s`` counts as a timeout even if it has a result:
     the alarm did not fire because the reward function's own code replaced or cancelled it.
@@ -86,6 +89,8 @@ def call_safely(fn: Callable[..., Any], args: tuple, timeout_s: float | None) ->
         if use_alarm and time.monotonic() - start > timeout_s:
             return Outcome("timeout", message=f"took {time.monotonic() - start:.1f}s > {timeout_s}s "
                                               "(the reward function's code cancelled the alarm)")
+        if text:
+            return Outcome("ok", text=value if isinstance(value, str) else str(value))
         score, extras = normalize_result(value)
         return Outcome("ok", score, extras)
     except _CallTimeout:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import pickle
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,7 +13,7 @@ from typing import Any
 import torch
 
 from verl_mp.reward.executor import Outcome, RewardExecutor
-from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, RewardFn, get_reward_fn
+from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, FileFunction, RewardFn, get_reward_fn
 from verl_mp.reward.worker_proc import WorkerLimits
 from verl_mp.utils.failure_budget import FailureBudget
 
@@ -118,12 +120,14 @@ class RewardManager:
         self, responses: Sequence[str], ground_truths: Sequence[str], data_sources: Sequence[str],
         extra_infos: Sequence[dict[str, Any] | None] | None = None,
         prompts: Sequence[str] | None = None, model_scores: torch.Tensor | None = None,
+        trajectories: Sequence[dict] | None = None,
     ) -> RewardResult:
         """Score B decoded responses; never raises for a failing reward function.
 
         ``model_scores`` [B]: reward-model scores computed elsewhere (e.g. by a reward
         model worker group); otherwise the ``reward_model`` given at construction scores
-        ``prompts[i] + responses[i]``."""
+        ``prompts[i] + responses[i]``. ``trajectories`` [B] (multi-turn rollouts): each
+        sample's conversation, passed as ``trajectory=`` to reward functions that take it."""
         extra_infos = list(extra_infos) if extra_infos is not None else [None] * len(responses)
         if not len(responses) == len(ground_truths) == len(data_sources) == len(extra_infos):
             raise ValueError("responses, ground_truths, data_sources and extra_infos differ "
@@ -132,6 +136,8 @@ class RewardManager:
             calls = [(self.resolve(src), (src, resp, gt, extra))
                      for resp, gt, src, extra in zip(responses, ground_truths, data_sources,
                                                      extra_infos, strict=True)]
+            if trajectories is not None:
+                calls = with_trajectories(calls, trajectories)
             names = [self.fn_name(src) for src in data_sources]
             outcomes = self.executor.run(calls, stop_when=self._over_budget(names))
             _log_failures(outcomes)
@@ -178,6 +184,24 @@ class RewardManager:
     def close(self) -> None:
         """Stop the reward worker processes."""
         self.executor.close()
+
+
+def with_trajectories(calls: list[tuple], trajectories: Sequence[dict]) -> list[tuple]:
+    """Bind each sample's trajectory (``trajectory=``) to the reward functions that take one."""
+    if len(trajectories) != len(calls):
+        raise ValueError(f"{len(trajectories)} trajectories for {len(calls)} responses")
+    return [(functools.partial(fn, trajectory=t), args) if accepts_trajectory(fn) else (fn, args)
+            for (fn, args), t in zip(calls, trajectories, strict=True)]
+
+
+def accepts_trajectory(fn: RewardFn) -> bool:
+    """The function has a ``trajectory`` parameter (or ``**kwargs``)."""
+    target = fn.resolve() if isinstance(fn, FileFunction) else fn
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return "trajectory" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def reduce_metrics(scores: torch.Tensor, outcomes: list[Outcome]) -> dict[str, float]:

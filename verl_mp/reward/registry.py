@@ -6,6 +6,11 @@ Signature of every reward function::
         -> float | dict   # a dict must have a "score" key; other numeric keys become
                           # metrics ("acc" becomes reward/accuracy)
 
+In multi-turn rollouts ``solution_str`` is the last assistant turn, and a function with a
+``trajectory`` parameter (or ``**kwargs``) also gets the whole conversation
+(`verl_mp.rollout.types.RolloutOutput.trajectories`: its turns, tool calls and tool
+responses) as ``trajectory=``.
+
 Names are resolved by ``get_reward_fn``: a registered name (``gsm8k``, ``math_boxed``,
 ``arith_exact``, ``format``), a plugin ``package.module:function`` or a plugin
 ``/path/to/file.py:function``.
@@ -27,6 +32,7 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "gsm8k": rules.gsm8k_reward,
     "math_boxed": rules.boxed_math_reward,
     "arith_exact": rules.arith_exact_reward,
+    "arith_tool": rules.arith_tool_reward,
     "format": rules.format_reward,
 }
 """Built-in rules (`verl_mp.reward.rules`) and those added with `register_reward`."""
@@ -39,6 +45,7 @@ DEFAULT_FN_BY_SOURCE: dict[str, str] = {
     "DigitalLearningGmbH/MATH-lighteval": "math_boxed",
     "HuggingFaceH4/MATH-500": "math_boxed",
     "synthetic_arith": "arith_exact",
+    "synthetic_tool_arith": "arith_tool",
 }
 
 

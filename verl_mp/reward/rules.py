@@ -143,3 +143,19 @@ def format_reward(
     """1.0 if the last non-empty line of the response is ``#### <number>``; ignores correctness."""
     lines = [line for line in solution_str.splitlines() if line.strip()]
     return float(bool(lines) and _HASH_LINE.fullmatch(lines[-1].strip()) is not None)
+
+
+def arith_tool_reward(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None,
+    trajectory: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """`arith_exact_reward` on the final answer of a multi-turn conversation, with what the
+    trajectory shows as metrics: ``reward/called_tool/mean`` (a tool answered the model) and
+    ``reward/tool_turns/mean`` (assistant turns). Without a trajectory (single-turn) the same as
+    ``arith_exact``."""
+    result = arith_exact_reward(data_source, solution_str, ground_truth, extra_info)
+    if trajectory is not None:
+        answered = [m for m in trajectory["messages"] if m["role"] == "tool" and m.get("appended", True)]
+        result["called_tool"] = float(any(m["status"] == "ok" for m in answered))
+        result["tool_turns"] = float(trajectory["num_turns"])
+    return result

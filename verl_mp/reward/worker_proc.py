@@ -8,8 +8,9 @@ socket ``FD`` (``multiprocessing.connection`` framing):
     parent -> worker   ("init", sys_path, WorkerLimits, timeout_s)
     worker -> parent   ("ready",)
     parent -> worker   pickled (fn, args), as bytes: unpickled here, so an import error
-                       becomes that call's error instead of killing the worker
-    worker -> parent   ("started",), then ("done", status, score, extras, message)
+                       becomes that call's error instead of killing the worker; a tool
+                       call (`verl_mp.reward.tool_pool`) is (fn, args, True)
+    worker -> parent   ("started",), then ("done", status, score, extras, message, text)
 
 Containment is against accidents and runaway code (a leak, a fork, a library that reads the
 environment), not against a reward function written to attack the trainer: such code runs
@@ -122,13 +123,13 @@ def serve(conn) -> None:
         except EOFError:
             return
         try:
-            fn, args = pickle.loads(data)
+            fn, args, *text = pickle.loads(data)  # (fn, args) or, for a tool, (fn, args, True)
         except Exception as err:  # noqa: BLE001  (a plugin that cannot be imported here)
             conn.send(("done", "error", 0.0, None, f"cannot load the reward call: {type(err).__name__}: {err}"))
             continue
         conn.send(("started",))
-        outcome = call_safely(fn, args, timeout_s)
-        conn.send(("done", outcome.status, outcome.score, outcome.extras, outcome.message))
+        outcome = call_safely(fn, args, timeout_s, text=bool(text and text[0]))
+        conn.send(("done", outcome.status, outcome.score, outcome.extras, outcome.message, outcome.text))
 
 
 def main(argv: list[str]) -> None:

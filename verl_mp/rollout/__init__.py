@@ -16,6 +16,8 @@ def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: b
         return VLLMRollout(cfg, model_path, num_kv_heads, moe=moe, record_routing=record_routing)
     if record_routing:
         raise ValueError("routing capture needs rollout.backend=vllm")
+    if cfg.multi_turn.enable:
+        raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm")
     from verl_mp.rollout.hf_rollout import HFRollout
 
     return HFRollout(cfg, model_path)

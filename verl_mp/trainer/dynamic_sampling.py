@@ -45,13 +45,9 @@ class ScoredSamples:
         """The samples of groups ``index``, in that order."""
         n = self.out.n
         rows = [g * n + j for g in index for j in range(n)]
-        p, o = self.prompts, self.out
+        p = self.prompts
         prompts = PromptBatch(**{f: [getattr(p, f)[g] for g in index] for f in PromptBatch._list_fields()})
-        lps = None if o.response_logprobs is None else [o.response_logprobs[r] for r in rows]
-        out = RolloutOutput(prompt_ids=[o.prompt_ids[g] for g in index], response_ids=[o.response_ids[r] for r in rows],
-                            response_logprobs=lps, n=n, finished=[o.finished[r] for r in rows], metrics=dict(o.metrics),
-                            wall_start=o.wall_start, wall_end=o.wall_end,
-                            routed_experts=None if o.routed_experts is None else [o.routed_experts[r] for r in rows])
+        out = self.out.select(index)  # every per-sample field (multi-turn masks and trajectories too)
         rows_t = torch.tensor(rows, dtype=torch.int64)
         return ScoredSamples(prompts, out, self.scores[rows_t], self.versions[rows_t], dict(self.reward_metrics))
 
@@ -63,15 +59,7 @@ class ScoredSamples:
             return first
         prompts = PromptBatch(**{f: [x for s in parts for x in getattr(s.prompts, f)]
                                  for f in PromptBatch._list_fields()})
-        with_lps = first.out.response_logprobs is not None
-        out = RolloutOutput(prompt_ids=[x for s in parts for x in s.out.prompt_ids],
-                            response_ids=[x for s in parts for x in s.out.response_ids],
-                            response_logprobs=[x for s in parts for x in s.out.response_logprobs] if with_lps else None,
-                            n=first.out.n, finished=[x for s in parts for x in s.out.finished],
-                            metrics=dict(first.out.metrics), wall_start=first.out.wall_start,
-                            wall_end=first.out.wall_end,
-                            routed_experts=None if first.out.routed_experts is None
-                            else [x for s in parts for x in s.out.routed_experts])
+        out = RolloutOutput.concat([s.out for s in parts])
         return ScoredSamples(prompts, out, torch.cat([s.scores for s in parts]),
                              torch.cat([s.versions for s in parts]), dict(first.reward_metrics))
 

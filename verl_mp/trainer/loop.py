@@ -191,9 +191,10 @@ class RLTrainer:
         metrics = {**self.workers.step_counters(), **self.timer.metrics(),
                    **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
-        metrics["timing/generate_tokens_per_s"] = out.num_tokens / max(out.wall_end - out.wall_start, 1e-9)
+        generated = out.num_generated_tokens  # multi-turn: the model's tokens, not the tool responses'
+        metrics["timing/generate_tokens_per_s"] = generated / max(out.wall_end - out.wall_start, 1e-9)
         if out.metrics.get("timing/generate_engine_s"):  # the engine call alone (no wake or sleep)
-            metrics["timing/generate_engine_tokens_per_s"] = out.num_tokens / out.metrics["timing/generate_engine_s"]
+            metrics["timing/generate_engine_tokens_per_s"] = generated / out.metrics["timing/generate_engine_s"]
         metrics.update(self._flops(batch, metrics["timing/step_s"]))
         return metrics
 
@@ -257,14 +258,19 @@ class RLTrainer:
 
     def _score(self, prompts: PromptBatch, out: RolloutOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """``[B]`` sequence rewards of ``out``'s samples (rank 0 scores, every rank gets them)."""
-        texts = self.inputs.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+        # multi-turn: the answer is the last assistant turn, and the reward function may read the
+        # whole trajectory (turns, tool calls, tool responses)
+        texts = out.final_texts() or self.inputs.tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
         groups = [i // out.n for i in range(len(texts))]
         model_scores, result = None, None
         if self.plan.has("reward_model"):  # the reward model reads chat-templated prompt + response
-            model_scores = self.workers.score([prompts.prompts[g] + text for g, text in zip(groups, texts, strict=True)])
+            model_scores = self.workers.score([prompts.prompts[g] + text for g, text
+                                               in zip(groups, steps.reward_model_texts(out, texts, self.inputs.tokenizer),
+                                                      strict=True)])
         if self.is_main:
             result = self.inputs.reward.score(texts, [prompts.ground_truths[g] for g in groups],
-                                              [prompts.data_sources[g] for g in groups], model_scores=model_scores)
+                                              [prompts.data_sources[g] for g in groups], model_scores=model_scores,
+                                              trajectories=out.trajectories)
             result = (result.scores, result.metrics)
         scores, reward_metrics = self.broadcast(result)
         return scores.float(), reward_metrics
@@ -285,7 +291,8 @@ class RLTrainer:
         scores, reward_metrics = self._score(prompts, out)
         return {"val/score/mean": scores.mean().item(),
                 "val/accuracy": reward_metrics.get("reward/accuracy", (scores > 0).float().mean().item()),
-                "val/response_length/mean": sum(len(r) for r in out.response_ids) / max(len(out.response_ids), 1)}
+                "val/response_length/mean": sum(len(r) for r in out.response_ids) / max(len(out.response_ids), 1),
+                **steps.validation_turn_metrics(out.metrics)}
 
     # -- checkpoints -------------------------------------------------------------------------
     def _should_save(self, step: int) -> bool:

@@ -57,6 +57,8 @@ MAY_DIFFER = (
     "data.val_files", "data.val_batch_size", "reward.num_workers", "reward.timeout_s",
     "reward.memory_limit_mb", "reward.cpu_limit_s", "reward.max_open_files", "reward.max_processes",
     "reward.max_calls_per_worker", "reward.pass_env", "reward.max_failure_fraction",
+    "rollout.multi_turn.tool_num_workers", "rollout.multi_turn.tool_memory_limit_mb",
+    "rollout.multi_turn.tool_cpu_limit_s",
 )
 """Dotted config keys (fnmatch patterns) that may change between a run and its resume."""
 

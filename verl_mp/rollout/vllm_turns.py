@@ -1,0 +1,160 @@
+"""Multi-turn generation on the colocated vLLM engine (`verl_mp.rollout.multi_turn`).
+
+vLLM's offline ``LLM.generate`` runs one batch to the end; a multi-turn rollout instead drives
+the engine step by step (``LLM.llm_engine``: ``add_request``, ``has_unfinished_requests``,
+``step``, in vLLM 0.26 as in 0.32), adding each conversation's next turn, as a
+``TokensPrompt`` of its exact ids, as soon as its tool results are back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl_mp.config.rollout import RolloutConfig, SamplingConfig
+from verl_mp.data.chat_fragments import ToolResponseFormat
+from verl_mp.reward.tool_parser import get_tool_parser
+from verl_mp.reward.tool_pool import ToolPool
+from verl_mp.reward.tools import resolve_tools
+from verl_mp.reward.worker_proc import WorkerLimits
+from verl_mp.rollout.multi_turn import (
+    Conversation,
+    MultiTurnState,
+    TurnLink,
+    TurnOutput,
+    TurnRequest,
+    merge_metrics,
+    run_turns,
+)
+from verl_mp.rollout.types import RolloutOutput
+
+
+class VLLMTurnEngine:
+    """`verl_mp.rollout.multi_turn.TurnEngine` over vLLM's ``LLMEngine``."""
+
+    def __init__(self, llm, sampling: SamplingConfig, params_fn, routing: bool):
+        self.engine, self.sampling, self.params_fn, self.routing = llm.llm_engine, sampling, params_fn, routing
+
+    def add(self, request: TurnRequest) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self.params_fn(request)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: one output per request, at its end
+        self.engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params)
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self) -> list[TurnOutput]:
+        outputs = []
+        for out in self.engine.step():
+            if not out.finished:
+                continue
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs, strict=True)] \
+                if self.sampling.logprobs else None
+            outputs.append(TurnOutput(out.request_id, ids, lps, comp.finish_reason == "stop",
+                                      getattr(comp, "routed_experts", None) if self.routing else None))
+        return outputs
+
+
+class MultiTurnRollout:
+    """What a vLLM rollout needs for multi-turn generation, built with it: the tokenizer's
+    tool-response fragments, the tools and parser, the lockstep groups and (on each
+    engine's leader) the tool pool."""
+
+    def __init__(self, cfg: RolloutConfig, model_path: str, rank: int, tp_size: int, dp_size: int):
+        from transformers import AutoTokenizer
+
+        mt = cfg.multi_turn
+        self.cfg, self.rank, self.tp_size = cfg, rank, tp_size
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.fmt = ToolResponseFormat(self.tokenizer, mt.tool_role)
+        self.tools = resolve_tools(mt.tools)
+        self.parser = get_tool_parser(mt.tool_parser)
+        self.leader = rank % tp_size == 0
+        self.link = _make_link(rank, tp_size, dp_size)
+        self.pool = None
+        if self.leader:
+            self.pool = ToolPool(mt.tool_num_workers, mt.tool_timeout_s,
+                                 WorkerLimits(memory_mb=mt.tool_memory_limit_mb, cpu_s=mt.tool_cpu_limit_s))
+            self.pool.start()
+
+    def generate(self, rollout, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
+                 routing: str | None) -> tuple[dict[int, list[tuple]], dict[str, float]]:
+        """This engine's conversations (``sampling.n`` for each prompt index in ``mine``) run
+        to their end; ``{prompt index: [(ids, log-probs, finished, routing, mask, trajectory)]}``
+        on the leader ({} elsewhere) and its raw counters. ``routing``: ``hooks``, ``vllm`` or None."""
+        convs = [Conversation(i * sampling.n + j, list(prompt_ids[i])) for i in mine for j in range(sampling.n)]
+        state = MultiTurnState(self.cfg.multi_turn, sampling, self.tokenizer, self.fmt, self.tools, self.parser,
+                               self.pool, convs) if self.leader else None
+        engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r), routing == "vllm")
+        timings = run_turns(engine, self.link, state)
+        if state is None:
+            return {}, {}
+        captured = rollout.finish_routing() if routing == "hooks" else None
+        local: dict[int, list[tuple]] = {i: [] for i in mine}
+        for conv in convs:
+            experts = _conversation_routing(conv, routing, captured)
+            lps = conv.logprobs if sampling.logprobs else None
+            local[conv.index // sampling.n].append((conv.ids, lps, conv.finished, experts, conv.mask,
+                                                    conv.trajectory()))
+        return local, {**state.metrics(), **timings}
+
+    def output(self, prompt_ids: list[list[int]], merged: dict[int, list[tuple]], sampling: SamplingConfig,
+               parts: list[dict[str, float]], record_routing: bool) -> RolloutOutput:
+        rows = [s for i in range(len(prompt_ids)) for s in merged[i]]
+        return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=[r[0] for r in rows],
+                             response_logprobs=[r[1] for r in rows] if sampling.logprobs else None, n=sampling.n,
+                             finished=[r[2] for r in rows], routed_experts=[r[3] for r in rows] if record_routing else None,
+                             response_masks=[r[4] for r in rows], trajectories=[r[5] for r in rows],
+                             metrics=merge_metrics([p for p in parts if p]))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+def _conversation_routing(conv: Conversation, routing: str | None, captured) -> torch.Tensor | None:
+    """``[P + R, L, k]`` routed experts of the whole conversation: its last request ran every
+    position before the last token (the prompt, earlier turns and tool responses included)."""
+    from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
+
+    if routing == "hooks":
+        return routing_for(captured, conv.prompt, conv.ids)
+    if routing == "vllm":
+        last = len(conv.prompt) + len(conv.ids) - conv.last_prompt_len
+        return routing_from_vllm(conv.routing, conv.last_prompt_len, last)
+    return None
+
+
+def _make_link(rank: int, tp_size: int, dp_size: int) -> TurnLink:
+    """Gloo groups (also beside NCCL: the messages are Python objects) of every TP group and of
+    all ranks; every rank creates every group, in the same order."""
+    if not dist.is_initialized() or tp_size * dp_size == 1:
+        return TurnLink()
+    tp_group = None
+    if tp_size > 1:
+        for d in range(dp_size):
+            group = dist.new_group(list(range(d * tp_size, (d + 1) * tp_size)), backend="gloo")
+            if rank // tp_size == d:
+                tp_group = group
+    dp_group = dist.new_group(backend="gloo") if dp_size > 1 else None
+    return TurnLink(tp_group, leader=(rank // tp_size) * tp_size, dp_group=dp_group)
+
+
+def gather_leaders(local: dict, metrics: dict[str, float], leader: bool) -> tuple[dict, list[dict[str, float]]]:
+    """Every engine leader's conversations and counters, on every rank (the other ranks of an
+    engine ran its steps but own no conversation)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local, [metrics]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (local, metrics) if leader else ({}, {}))
+    merged: dict = {}
+    for part, _ in parts:
+        merged.update(part)
+    return merged, [m for _, m in parts if m]
