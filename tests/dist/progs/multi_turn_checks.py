@@ -17,15 +17,23 @@ call unknown tools, tools that raise, hang, or answer too much, conversations th
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tests.e2e.agent_plugins import TOOLS, scenario
-from verl_mp.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig
-from verl_mp.rollout import vllm_turns
-from verl_mp.rollout.multi_turn import MultiTurnState
+# The repository root, for `tests.e2e.agent_plugins` (module:function plugins): here (torchrun runs
+# this file as a script, with only its own folder on sys.path) and in the tool workers it starts.
+ROOT = str(Path(__file__).resolve().parents[3])
+sys.path.insert(0, ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+
+from tests.e2e.agent_plugins import TOOLS, scenario  # noqa: E402
+from verl_mp.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig  # noqa: E402
+from verl_mp.rollout import vllm_turns  # noqa: E402
+from verl_mp.rollout.multi_turn import MultiTurnState  # noqa: E402
 
 STOP = [2] + list(range(40, 70))
 """Random-weight models rarely sample EOS; these ~10% of the vocabulary end their turns."""
