@@ -3,6 +3,8 @@
 Against the name denylist before this change, PGPASSWORD, DATABASE_URL, GITHUB_PAT and
 SLACK_WEBHOOK_URL reached the workers (none of them looks like ``*_TOKEN`` / ``*_KEY``)."""
 
+from pathlib import Path
+
 import pytest
 
 from verl_mp.reward.executor import RewardExecutor
@@ -10,6 +12,7 @@ from verl_mp.reward.registry import get_reward_fn
 from verl_mp.reward.worker_proc import worker_env
 
 pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
 
 PLUGIN = '''
 import os
@@ -37,7 +40,7 @@ def seen(tmp_path):
 
 def test_secrets_of_any_name_stay_out_and_pass_env_lets_named_ones_in(seen, monkeypatch):
     for name, value in {**LEAKY, "JUDGE_URL": "https://judge", "JUDGE_KEY_2": "k", "LC_ALL": "C.UTF-8",
-                        "VERL_MP_RUN_ID": "vmp1x00000000"}.items():
+                        "VERL_MP_RUN_ID": "vmp1x00000000", "PYTHONPATH": str(ROOT)}.items():
         monkeypatch.setenv(name, value)
     executor = RewardExecutor(num_workers=1, timeout_s=20, pass_env=["JUDGE_URL", "JUDGE_KEY_*"])
     try:
