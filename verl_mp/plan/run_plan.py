@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field, fields, replace
 
 from omegaconf import OmegaConf
 
 from verl_mp.algo import estimator_spec
+from verl_mp.config.engine import EngineSettings, default_token_budget
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import Placement, resolve_placement
 from verl_mp.config.rollout import RolloutConfig
@@ -16,7 +18,6 @@ from verl_mp.config.schema import (
     EngineRoleConfig,
     RewardModelConfig,
     RootConfig,
-    default_token_budget,
 )
 from verl_mp.engine.config import EngineConfig
 
@@ -141,17 +142,13 @@ def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
 
 def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: ParallelConfig, horizon: int,
             epochs: int | None = None) -> EngineConfig:
-    """Every setting of ``section`` (actor, ref or critic) in the engine's own terms."""
+    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name, plus
+    what the run decides."""
+    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)}
+    settings["max_tokens_per_micro_batch"] = _token_budget(cfg, section)
     return EngineConfig(
-        model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel, optim=section.optim,
-        total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon,
-        micro_batch_size=section.micro_batch_size,
-        max_tokens_per_micro_batch=_token_budget(cfg, section),
-        remove_padding=section.remove_padding, attention_backend=section.attention_backend,
-        recompute=section.recompute, recompute_modules=list(section.recompute_modules),
-        recompute_num_layers=section.recompute_num_layers,
-        offload_params=section.offload.params, offload_grads=section.offload.grads,
-        offload_optimizer=section.offload.optimizer, seed=cfg.trainer.seed,
+        **settings, model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel,
+        total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon, seed=cfg.trainer.seed,
         # The reference and a critic on a MoE body route with the actor's router settings.
         moe=cfg.actor.moe,
     )
