@@ -72,10 +72,13 @@ def closest_key(key: str) -> str | None:
         prefix = parent + "." if parent else ""
         siblings = [k[len(prefix):] for k in keys if k.startswith(prefix) and "." not in k[len(prefix):]]
         match = difflib.get_close_matches(parts[depth], siblings, n=1, cutoff=0.6)
-        if match:
-            return ".".join([prefix + match[0], *parts[depth + 1:]])
+        guess = ".".join([prefix + match[0], *parts[depth + 1:]]) if match else None
+        if guess in keys:
+            return guess
+        if depth:
+            return None  # the section is right; nothing in it is close
         break
-    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    match = difflib.get_close_matches(key, [k for k in keys if k.count(".") == key.count(".")], n=1, cutoff=0.6)
     return match[0] if match else None
 
 
