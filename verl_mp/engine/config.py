@@ -11,7 +11,7 @@ from verl_mp.config.moe import MoEConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.utils.dtypes import TRAIN_DTYPES, check_dtype
 
-ROLES = ("actor", "ref", "critic")
+ENGINE_ROLES = ("actor", "ref", "critic")
 
 
 @dataclass(kw_only=True)
@@ -40,8 +40,8 @@ class EngineConfig(EngineSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.role not in ROLES:
-            raise ValueError(f"engine.role={self.role!r} is not one of {ROLES}")
+        if self.role not in ENGINE_ROLES:
+            raise ValueError(f"engine.role={self.role!r} is not one of {ENGINE_ROLES}")
         check_dtype("engine.dtype", self.dtype, TRAIN_DTYPES)
         if self.micro_batch_size is None and self.max_tokens_per_micro_batch is None:
             raise ValueError("set engine.micro_batch_size or engine.max_tokens_per_micro_batch")

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from verl_mp.algo import estimator_spec
 from verl_mp.config.engine import EngineSettings, default_token_budget
 from verl_mp.config.parallel import ParallelConfig
-from verl_mp.config.placement import Placement, resolve_placement
+from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
     ActorConfig,
@@ -19,15 +19,12 @@ from verl_mp.config.schema import (
     RewardModelConfig,
     RootConfig,
 )
-from verl_mp.engine.config import EngineConfig
+from verl_mp.engine.config import ENGINE_ROLES, EngineConfig  # noqa: F401  (re-exported)
 
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
 """What a process can host. The actor and its reference always share the
 ``actor_rollout_ref`` group; the rollout, the critic and the reward model join it unless
 placed apart (a rollout group hosts vLLM alone)."""
-ENGINE_ROLES = ("actor", "ref", "critic")
-GROUPS = ("actor_rollout_ref", "critic", "reward_model", "rollout")
-"""Worker groups, named by the placement key (``trainer.placement.roles.<group>``)."""
 
 
 @dataclass(kw_only=True)
