@@ -154,3 +154,14 @@ def test_plan_yaml_round_trip(tmp_path):
     assert plan.critic.parallel.tensor_model_parallel_size == 1
     assert plan.groups["critic"].roles == ["critic"] and plan.group_of("critic") == "critic"
     assert plan.rollout.dtype == cfg.model.dtype and plan.mini_batch_rows == 8 * 1
+
+
+def test_the_plan_sends_the_update_settings_not_whole_sections():
+    from verl_mp.config.schema import PolicyUpdateConfig, ValueUpdateConfig
+
+    cfg = load_config("ppo", ["model.path=m", "actor.clip_ratio_high=0.28", "actor.ppo_epochs=2",
+                              "critic.cliprange_value=0.3", "actor.router_replay=old_logprob"])
+    plan = build_plan(cfg)
+    assert type(plan.actor_loss) is PolicyUpdateConfig and type(plan.critic_loss) is ValueUpdateConfig
+    assert (plan.actor_loss.clip_ratio_high, plan.actor_loss.ppo_epochs, plan.critic_loss.cliprange_value) == (0.28, 2, 0.3)
+    assert plan.router_replay == "old_logprob"

@@ -98,7 +98,40 @@ class EngineRoleConfig(EngineSettings):
 
 
 @dataclass(kw_only=True)
-class ActorConfig(EngineRoleConfig):
+class PolicyUpdateConfig:
+    """How the actor is updated (the loss, `verl_mp.workers.losses.actor_loss`, and the epochs): what
+    the plan sends the workers of the ``actor`` section."""
+
+    ppo_epochs: int = 1
+    """Passes over each RL step's batch."""
+    policy_loss: str = "ppo"
+    """A name in verl_mp.algo.POLICY_LOSSES or a ``module:function`` plugin."""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    """Set above clip_ratio_low for DAPO's clip-higher."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip bound for negative advantages; null disables it."""
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    """Add a KL(actor || reference) term to the loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "k3"
+
+
+@dataclass(kw_only=True)
+class ValueUpdateConfig:
+    """How the critic is updated (the loss, `verl_mp.workers.losses.critic_loss`, and the epochs): what
+    the plan sends the workers of the ``critic`` section."""
+
+    ppo_epochs: int = 1
+    """Passes over each RL step's batch."""
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass(kw_only=True)
+class ActorConfig(PolicyUpdateConfig, EngineRoleConfig):
     _section: ClassVar[str] = "actor"
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
     """The parallel layout of the actor and reference (and of a colocated critic)."""
@@ -115,21 +148,6 @@ class ActorConfig(EngineRoleConfig):
     experts). The reference policy always routes on its own."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
-    ppo_epochs: int = 1
-    policy_loss: str = "ppo"
-    """A name in verl_mp.algo.POLICY_LOSSES or a ``module:function`` plugin."""
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    """Set above clip_ratio_low for DAPO's clip-higher."""
-    clip_ratio_c: float | None = 3.0
-    """Dual-clip bound for negative advantages; null disables it."""
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    """Add a KL(actor || reference) term to the loss (GRPO style)."""
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "k3"
-
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,16 +158,13 @@ class ActorConfig(EngineRoleConfig):
 
 
 @dataclass(kw_only=True)
-class CriticConfig(EngineRoleConfig):
+class CriticConfig(ValueUpdateConfig, EngineRoleConfig):
     _section: ClassVar[str] = "critic"
     enable: bool | None = None
     """None: on exactly when the advantage estimator needs values (gae)."""
     megatron: ParallelConfig | None = None
     """The critic's own layout when it runs on its own pool (trainer.placement.roles.critic);
     None: the actor's. A colocated critic must use the actor's layout."""
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
 
 
 @dataclass(kw_only=True)

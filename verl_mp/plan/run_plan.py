@@ -13,11 +13,11 @@ from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
-    ActorConfig,
-    CriticConfig,
     EngineRoleConfig,
+    PolicyUpdateConfig,
     RewardModelConfig,
     RootConfig,
+    ValueUpdateConfig,
 )
 from verl_mp.engine.config import ENGINE_ROLES, EngineConfig  # noqa: F401  (re-exported)
 
@@ -56,9 +56,11 @@ class RunPlan:
     critic: EngineConfig | None = None
     rollout: RolloutConfig
     reward_model: RewardModelConfig | None = None
-    actor_loss: ActorConfig
+    actor_loss: PolicyUpdateConfig
     """The actor's loss settings (policy loss, clipping, aggregation, entropy, KL loss)."""
-    critic_loss: CriticConfig
+    critic_loss: ValueUpdateConfig
+    router_replay: str = "off"
+    """``actor.router_replay``: how the actor's passes route a mixture-of-experts model."""
     mini_batch_rows: int
     """Samples per optimizer step: actor.ppo_mini_batch_size prompts x rollout.sampling.n."""
     temperature: float
@@ -126,10 +128,16 @@ def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
         if use_critic else None,
         rollout=replace(cfg.rollout, dtype=cfg.model.dtype),
         reward_model=cfg.reward_model if cfg.reward_model.enable else None,
-        actor_loss=cfg.actor, critic_loss=cfg.critic,
+        actor_loss=_copy_fields(cfg.actor, PolicyUpdateConfig), critic_loss=_copy_fields(cfg.critic, ValueUpdateConfig),
+        router_replay=cfg.actor.router_replay,
         mini_batch_rows=cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n,
         temperature=t if t > 0 else 1.0,
     )
+
+
+def _copy_fields(section, cls):
+    """The ``cls`` part of a config section (e.g. the actor's loss settings of ``actor``)."""
+    return cls(**{f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(cls)})
 
 
 def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
