@@ -12,8 +12,9 @@ setup(
     description="Megatron-core model-parallel RL post-training (PPO/GRPO family) with vLLM rollout",
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["verl_mp", "verl_mp.*"]) + ["verl_mp.patches"],
-    # `patches/` sits at the top level of the repository (DESIGN.md) and is installed as
-    # `verl_mp.patches` so that the engine can apply it.
+    # `patches/` (shims for upstream libraries, each naming the version and behaviour it works
+    # around; patches/__init__.py, docs/architecture.md's layer table) sits at the top level of
+    # the repository and is installed as `verl_mp.patches`, which the engine and rollout import.
     package_dir={"verl_mp.patches": "patches"},
     package_data={"verl_mp": ["py.typed"]},
     install_requires=[

@@ -133,10 +133,10 @@ ENGINE_KEYS = {  # run-config key -> (role, EngineConfig field, value)
     "actor.attention_backend=sdpa": ("actor", "attention_backend", "sdpa"),
     "actor.recompute=selective": ("actor", "recompute", "selective"),
     "actor.max_tokens_per_micro_batch=96": ("actor", "max_tokens_per_micro_batch", 96),
-    "actor.offload.grads=true": ("actor", "offload_grads", True),
-    "actor.offload.optimizer=true": ("actor", "offload_optimizer", True),
+    "actor.offload.grads=true": ("actor", "offload.grads", True),
+    "actor.offload.optimizer=true": ("actor", "offload.optimizer", True),
     "ref.micro_batch_size=3": ("ref", "micro_batch_size", 3),
-    "ref.offload.params=false": ("ref", "offload_params", False),
+    "ref.offload.params=false": ("ref", "offload.params", False),
     "critic.recompute=full": ("critic", "recompute", "full"),
     "critic.attention_backend=local": ("critic", "attention_backend", "local"),
     "critic.micro_batch_size=5": ("critic", "micro_batch_size", 5),
@@ -160,4 +160,7 @@ def test_ppo_with_a_plugin_estimator_that_needs_values(tiny_run_inputs, tmp_path
     assert all(steps[s]["perf/driver_round_trips"] == 4 for s in (1, 2))
     engines = json.loads((out / "workers.json").read_text())["actor_rollout_ref"]["engines"]
     for key, (role, name, value) in ENGINE_KEYS.items():
-        assert engines[role][name] == value, (key, engines[role][name])
+        got = engines[role]
+        for part in name.split("."):
+            got = got[part]
+        assert got == value, (key, got)

@@ -1,45 +1,11 @@
-"""config.json of the real models the presets are for, from their published
-hyperparameters (only the config: the planner reads the shape, never weights).
-Written into a temp dir by the planner tests; no download."""
+"""config.json of the real models the presets are for (`verl_mp.planner.known_models`),
+written into a temp dir by the planner tests; no download."""
 
 import json
 from pathlib import Path
 
-MODEL_CONFIGS = {
-    "Qwen2-1.5B": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,
-                       intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                       vocab_size=151936, max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, use_sliding_window=False, hidden_act="silu"),
-    "Qwen2.5-7B": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584,
-                       intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       vocab_size=152064, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                       tie_word_embeddings=False, use_sliding_window=False, hidden_act="silu"),
-    "Qwen3-32B": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=5120,
-                      intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8,
-                      head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                      rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, attention_bias=False,
-                      hidden_act="silu"),
-    "Llama-3.1-70B": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
-                          intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                          vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                            original_max_position_embeddings=8192),
-                          tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu"),
-    "Qwen3-30B-A3B": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
-                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
-                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48,
-                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
-                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                          tie_word_embeddings=False, use_sliding_window=False, attention_bias=False,
-                          router_aux_loss_coef=0.001, hidden_act="silu"),
-    "Qwen3-235B-A22B": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=4096,
-                            intermediate_size=12288, moe_intermediate_size=1536, num_experts=128,
-                            num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                            num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
-                            vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                            rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
-                            attention_bias=False, router_aux_loss_coef=0.001, hidden_act="silu"),
-}
+from verl_mp.planner.known_models import MODEL_CONFIGS
+
 PUBLISHED_PARAMS = {  # the parameter counts the model cards state
     "Qwen2-1.5B": 1.54e9, "Qwen2.5-7B": 7.61e9, "Qwen3-32B": 32.8e9, "Llama-3.1-70B": 70.6e9,
     "Qwen3-30B-A3B": 30.5e9, "Qwen3-235B-A22B": 235e9,

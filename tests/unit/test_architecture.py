@@ -1,10 +1,13 @@
-"""The package's layers (docs/architecture.md): imports point down only, no import cycles.
+"""The package's layers (docs/architecture.md): imports point down only, no import cycles,
+no check written in two layers, no config key that reaches no code.
 
 Every ``import verl_mp...`` statement counts, also those inside functions: a lazy import
 is still a dependency.
 """
 
 import ast
+import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,82 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return out
+
+
+# -- checks in one place, keys that reach code ------------------------------------------------------
+DELIBERATE_REPEATS = {
+    "needs rollout backend vllm": "the rollout builder refuses what it cannot build when called on its own "
+                                  "(tests, benchmarks); preflight names the key first. Also shared wording of "
+                                  "different checks (multi-turn, local sync)",
+    "is not one of": "make_weight_sync is also called on its own (benchmarks/weight_sync.py)",
+    "needs attention_backend 'sdpa' or 'te'": "the engine checks the backend it resolved (auto -> te/sdpa); "
+                                              "the config checks the key as written",
+    "mixture of experts model": "different checks (an expert layout, routing replay, routing capture) in the "
+                                "layer that owns each; shared wording",
+    "at module level in an importable module": "wording shared by the pickling checks of reward functions and tools",
+    "must look like 'package module function'": "the two registries (algorithms, rewards) parse their own plugins",
+    "divisible by the data parallel size": "the planner re-runs preflight's batch check on the layouts it suggests",
+}
+"""Phrases of ValueError messages found in more than one package on purpose, and why. A new
+repeat is a check duplicated across layers: keep it in the layer that owns the setting."""
+
+
+def _message_text(node) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else " {} " for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _message_text(node.left) + _message_text(node.right)
+    return " {} "
+
+
+def _value_error_messages() -> list[tuple[str, str, str]]:
+    """(package, file:line, message words) of every ``raise ValueError(...)`` in verl_mp."""
+    out = []
+    for path in ROOT.rglob("*.py"):
+        if "patches" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args \
+                    and getattr(node.exc.func, "id", None) == "ValueError":
+                words = " ".join(re.findall(r"[a-z_']+", _message_text(node.exc.args[0]).lower()))
+                out.append((path.relative_to(ROOT).parts[0], f"{path.relative_to(ROOT.parent)}:{node.lineno}", words))
+    return out
+
+
+def test_no_check_is_duplicated_across_layers():
+    """Two messages of different packages sharing six words in a row are one check written twice
+    (issue 42: remove_padding with local attention was written three times), unless listed."""
+    where = defaultdict(set)
+    for package, place, words in _value_error_messages():
+        if any(phrase in words for phrase in DELIBERATE_REPEATS):
+            continue
+        split = words.split()
+        for i in range(len(split) - 5):
+            where[" ".join(split[i:i + 6])].add((package, place))
+    repeats = {shingle: sorted(p for _, p in found) for shingle, found in where.items()
+               if len({package for package, _ in found}) > 1}
+    assert not repeats, f"the same check in several layers (keep it where the setting is owned): {repeats}"
+
+
+def test_every_config_key_reaches_code():
+    """Every leaf key of the run configuration is read by name somewhere outside verl_mp/config
+    (a coarse test: by field name), or refused as doing nothing (`verl_mp.config.keys.DEAD_KEYS`)."""
+    from verl_mp.config.keys import dead_key_reason, schema_keys
+
+    read = set()
+    for path in ROOT.rglob("*.py"):
+        if path.relative_to(ROOT).parts[0] == "config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                read.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                read.add(node.value)  # getattr(section, "name"), ("train_files", "val_files")
+            elif isinstance(node, ast.keyword) and node.arg:
+                read.add(node.arg)
+    keys = schema_keys()
+    leaves = [k for k in keys if not any(other.startswith(k + ".") for other in keys)]
+    unread = [k for k in leaves if k.rsplit(".", 1)[-1] not in read and not dead_key_reason(k)]
+    assert not unread, f"config keys no code reads (remove them, or refuse them in DEAD_KEYS): {unread}"

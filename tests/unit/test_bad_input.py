@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 # (case, preset, overrides, message)
 CONFIG_CASES = [
-    ("unknown key", "grpo", ["actor.optim.lrr=1"], r"unknown config key: actor.optim.lrr; valid keys under 'actor.optim': .*'lr'"),
+    ("unknown key", "grpo", ["actor.optim.lrr=1"], r"unknown config key: actor.optim.lrr; did you mean actor.optim.lr\?"),
     ("wrong type", "grpo", ["trainer.total_steps=abc"], r"invalid value for trainer.total_steps: .*expected int \(default 20; e.g. trainer.total_steps=20\)"),
     ("not a bool", "grpo", ["actor.megatron.sequence_parallel=maybe"], r"actor.megatron.sequence_parallel: .*expected bool"),
     ("override without =", "grpo", ["total_steps"], r"override 'total_steps' must look like key=value"),

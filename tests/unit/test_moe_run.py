@@ -114,5 +114,5 @@ def test_router_replay_settings(moe_inputs, inputs):
     with pytest.raises(ValueError, match=r"rollout.routing_capture=vllm needs CUDA vLLM"):
         preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=rollout", "rollout.routing_capture=vllm"]))
     plan = preflight(load_config("grpo", [*moe_inputs, "actor.router_replay=old_logprob"]))
-    assert plan.actor_loss.router_replay == "old_logprob"
+    assert plan.router_replay == "old_logprob"
     assert load_config("grpo", ["model.path=m", "actor.router_replay=off"]).actor.router_replay == "off"  # not False

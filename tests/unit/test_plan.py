@@ -3,44 +3,108 @@ follow from the algorithm, and plan.yaml round-trips exactly."""
 
 import pytest
 
+from dataclasses import fields, is_dataclass
+
 from verl_mp.algo import advantage_estimator, estimator_spec
+from verl_mp.config.engine import MAY_DIFFER_ON_RESUME, EngineSettings
 from verl_mp.config.loader import load_config
 from verl_mp.plan import build_plan, load_plan, save_plan
+from verl_mp.planner import PlanOptions
+from verl_mp.planner import plan as _plan
+from verl_mp.trainer.resume_check import config_differences, run_config
+
+
+def plan_memory(cfg, spec):
+    return _plan(cfg, spec, PlanOptions(gpu_memory_gib=80))
 
 pytestmark = pytest.mark.unit
 
 SECTIONS = ("actor", "ref", "critic")
-# run-config field -> (EngineConfig field, a non-default value)
-FIELDS = {
-    "micro_batch_size": ("micro_batch_size", 3),
-    "max_tokens_per_micro_batch": ("max_tokens_per_micro_batch", 512),
-    "remove_padding": ("remove_padding", True),
-    "attention_backend": ("attention_backend", "sdpa"),
-    "recompute": ("recompute", "full"),
-    "recompute_num_layers": ("recompute_num_layers", 2),
-    "offload.params": ("offload_params", True),
-    "offload.grads": ("offload_grads", True),
-    "offload.optimizer": ("offload_optimizer", True),
-    "optim.lr": ("optim", None),
+VALUES = {  # every EngineSettings key -> a non-default value (a new field needs an entry here)
+    "micro_batch_size": 3,
+    "max_tokens_per_micro_batch": 512,
+    "remove_padding": True,
+    "attention_backend": "sdpa",
+    "recompute": "full",
+    "recompute_modules": ["core_attn"],
+    "recompute_num_layers": 2,
+    "offload.params": True,
+    "offload.grads": True,
+    "offload.optimizer": True,
+    "optim.lr": 0.123,
+    "optim.use_distributed_optimizer": False,
 }
+LIVE = {"ref": ("micro_batch_size", "max_tokens_per_micro_batch", "remove_padding", "attention_backend",
+                "offload.params")}
+"""What each role uses (the reference policy's other keys are refused: `verl_mp.config.keys.DEAD_KEYS`)."""
+BASE = ["model.path=m", "actor.use_kl_loss=true", "actor.recompute=selective", "critic.recompute=selective"]
 
 
-@pytest.mark.parametrize("section", SECTIONS)
-@pytest.mark.parametrize("key", FIELDS)
-def test_every_engine_key_reaches_its_engine(section, key):
-    field, value = FIELDS[key]
-    value = 0.123 if key == "optim.lr" else value
-    if key == "offload.params" and section == "ref":
-        value = False  # the reference's default is True
-    base = ["model.path=m", "actor.use_kl_loss=true"]
-    plan, default = build_plan(load_config("ppo", [*base, f"{section}.{key}={value}"])), build_plan(load_config("ppo", base))
+def _leaf_keys(cls):
+    keys = []
+    for f in fields(cls):
+        default = getattr(cls(), f.name)
+        if f.name == "optim":  # two of its keys: the section travels to the engine as one object
+            keys += ["optim.lr", "optim.use_distributed_optimizer"]
+        elif is_dataclass(default):
+            keys += [f"{f.name}.{k}" for k in _leaf_keys(type(default))]
+        else:
+            keys.append(f.name)
+    return keys
 
-    def read(engine):
-        return engine.optim.lr if key == "optim.lr" else getattr(engine, field)
 
-    assert read(getattr(plan, section)) == value != read(getattr(default, section))
+def _read(obj, key):
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_every_engine_setting_has_a_value_to_walk():
+    assert sorted(_leaf_keys(EngineSettings)) == sorted(VALUES)
+
+
+def _cases():
+    return [(s, k) for s in SECTIONS for k in VALUES if s not in LIVE or k in LIVE[s]]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    from verl_mp.models.hf_config import spec_from_hf_config
+    from verl_mp.planner.known_models import MODEL_CONFIGS
+
+    return spec_from_hf_config(dict(MODEL_CONFIGS["Qwen2-1.5B"]), source="Qwen2-1.5B")
+
+
+@pytest.fixture(scope="module")
+def default(spec):
+    cfg = load_config("ppo", BASE)
+    return cfg, build_plan(cfg), plan_memory(cfg, spec)
+
+
+@pytest.mark.parametrize("section,key", _cases(), ids=[f"{s}.{k}" for s, k in _cases()])
+def test_every_engine_key_reaches_its_engine_the_planner_and_the_resume_check(section, key, spec, default):
+    """YAML/CLI -> the plan's EngineConfig (what the ranks build from; tests/e2e/test_train_cli.py
+    reads it back from the ranks) -> the memory planner's engine -> the resume check."""
+    value = False if (section, key) == ("ref", "offload.params") else VALUES[key]  # the reference's default is True
+    text = "[" + ",".join(value) + "]" if isinstance(value, list) else value
+    cfg = load_config("ppo", [*BASE, f"{section}.{key}={text}"])
+    run_plan = build_plan(cfg)
+    default_cfg, default_plan, default_memory = default
+    assert _read(run_plan.engine(section), key) == value != _read(default_plan.engine(section), key)
     for other in (s for s in SECTIONS if s != section):  # the other roles keep their own value
-        assert read(getattr(plan, other)) == read(getattr(default, other))
+        assert _read(run_plan.engine(other), key) == _read(default_plan.engine(other), key)
+
+    memory = plan_memory(cfg, spec)
+    assert memory.engines[section].settings == run_plan.engine(section)  # the planner plans what the ranks get
+    assert memory.engines[section] != default_memory.engines[section] or key in NOT_MODELLED, key
+
+    changed = [k for k, _, _ in config_differences(run_config(default_cfg), run_config(cfg))]
+    may_differ = {f.name: dict(f.metadata) for f in fields(EngineSettings)}[key.split(".")[0]] == MAY_DIFFER_ON_RESUME
+    assert changed == ([] if may_differ else [f"{section}.{key}"]), changed
+
+
+NOT_MODELLED = {"remove_padding", "attention_backend", "recompute_num_layers", "optim.lr"}
+"""Settings that change no memory term of the planner (its rows are padded at the worst case)."""
 
 
 def test_roles_follow_the_algorithm():
@@ -90,3 +154,14 @@ def test_plan_yaml_round_trip(tmp_path):
     assert plan.critic.parallel.tensor_model_parallel_size == 1
     assert plan.groups["critic"].roles == ["critic"] and plan.group_of("critic") == "critic"
     assert plan.rollout.dtype == cfg.model.dtype and plan.mini_batch_rows == 8 * 1
+
+
+def test_the_plan_sends_the_update_settings_not_whole_sections():
+    from verl_mp.config.schema import PolicyUpdateConfig, ValueUpdateConfig
+
+    cfg = load_config("ppo", ["model.path=m", "actor.clip_ratio_high=0.28", "actor.ppo_epochs=2",
+                              "critic.cliprange_value=0.3", "actor.router_replay=old_logprob"])
+    plan = build_plan(cfg)
+    assert type(plan.actor_loss) is PolicyUpdateConfig and type(plan.critic_loss) is ValueUpdateConfig
+    assert (plan.actor_loss.clip_ratio_high, plan.actor_loss.ppo_epochs, plan.critic_loss.cliprange_value) == (0.28, 2, 0.3)
+    assert plan.router_replay == "old_logprob"

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from verl_mp.config.loader import load_config
-from verl_mp.config.schema import default_token_budget
+from verl_mp.config.engine import default_token_budget
 from verl_mp.planner import PlanOptions, plan
 from verl_mp.planner.choose import BUDGET_CAP, BUDGET_STEP, HEADROOM, choose
 from verl_mp.planner.cli import read_spec

@@ -9,9 +9,11 @@ from verl_mp.config.loader import load_config
 pytestmark = pytest.mark.unit
 
 
-def test_unknown_key_lists_valid_keys():
-    with pytest.raises(ValueError, match=r"unknown config key: actor.optim.lrr; valid keys under 'actor.optim': .*'lr'"):
+def test_unknown_key_suggests_the_closest_or_lists_valid_keys():
+    with pytest.raises(ValueError, match=r"unknown config key: actor.optim.lrr; did you mean actor.optim.lr\?"):
         load_config("grpo", ["actor.optim.lrr=1"])
+    with pytest.raises(ValueError, match=r"unknown config key: actor.optim.zzz; valid keys under 'actor.optim': .*'lr'"):
+        load_config("grpo", ["actor.optim.zzz=1"])
 
 
 def test_unknown_preset_lists_presets():

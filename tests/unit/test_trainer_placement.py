@@ -24,7 +24,7 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.critic=[1]", "trainer.
     (["trainer.launcher=ray", "trainer.placement.roles.critic=nope"],
      r"trainer.placement.roles.critic='nope' is not a pool; defined pools: \['global'\]"),
     (["trainer.launcher=ray", "trainer.placement.roles.judge=global"],
-     r"trainer.placement.roles.judge: unknown role; valid roles: \['actor_rollout_ref', 'critic', 'reward_model', 'rollout'\]"),
+     r"trainer.placement.roles.judge: unknown group; valid groups: \['actor_rollout_ref', 'critic', 'reward_model', 'rollout'\]"),
     (["trainer.placement.pools.critic=[1]", "trainer.placement.roles.critic=critic"],
      r"puts \['critic'\] on a pool apart from actor_rollout_ref, which needs trainer.launcher=ray"),
     (["trainer.launcher=ray", "trainer.placement.pools.train=[4]", "trainer.placement.roles.actor_rollout_ref=train"],

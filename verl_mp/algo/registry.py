@@ -10,6 +10,7 @@ registry's docstring in `verl_mp.algo`).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -86,8 +87,10 @@ class Registry(Mapping[str, Callable[..., Any]]):
         if isinstance(name, str) and ":" in name:
             return resolve(name)
         valid = ", ".join(sorted(self._fns))
+        close = difflib.get_close_matches(str(name), list(self._fns), n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
         raise UnknownNameError(
-            f"unknown {self.kind} {name!r}; valid names: {valid}; "
+            f"unknown {self.kind} {name!r}; {guess}valid names: {valid}; "
             "or give a plugin as 'package.module:function'"
         )
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from verl_mp.config.loader import list_presets, load_config
+from verl_mp.config.loader import list_presets, load_config, load_config_checked
+from verl_mp.utils.errors import ConfigErrors
 
 DEMO_PRESET = "tiny_cpu"
 """The default preset: with no model.path and no data it runs the embedded demo."""
@@ -81,30 +82,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train(args) -> int:
+    """Every configuration error at once and within seconds (no model, data or demo needed to
+    find them), then the demo's warm start if needed, then the run (which checks the rest)."""
     from verl_mp.trainer.run import run
+    from verl_mp.trainer.setup import config_errors
 
-    cfg = load_config(args.config_name, args.overrides)
+    cfg, errors = load_config_checked(args.config_name, args.overrides)
+    if cfg is not None:
+        errors += config_errors(cfg)
+        refusal = None if cfg.model.path else demo_refusal(cfg, args.config_name)
+        errors += [refusal] if refusal else []
+    if errors:
+        raise ConfigErrors(errors)
     if not cfg.model.path:
         cfg = demo_config(cfg, args.config_name)
     return run(cfg, prepare_only=args.prepare_only, verbose=args.verbose)
 
 
+def demo_refusal(cfg, config_name: str) -> str | None:
+    """Why a config without model.path cannot run the embedded demo, or None when it can: the
+    demo never replaces what the user set, and runs only with a demo preset."""
+    from verl_mp.demo.presets import DEMO_PRESETS
+
+    given = [f"data.{k}={v}" for k in ("train_files", "val_files") if (v := getattr(cfg.data, k))]
+    if given:
+        return (f"model.path is empty but {', '.join(given)} is set: the embedded demo never replaces "
+                "your data. Give model.path=HF_DIR to train your model on it, or leave model.path and "
+                "data.* unset to run the demo (`verl-mp train`)")
+    if config_name not in DEMO_PRESETS:
+        return (f"model.path is empty: --config-name {config_name} needs model.path=HF_DIR and "
+                "data.train_files=[...] (parquet). The embedded demo runs with the default preset: "
+                "`verl-mp train` with no model or data (the mixture-of-experts demo: "
+                "`verl-mp train --config-name tiny_moe_cpu`; multi-turn tool use: "
+                "`verl-mp train --config-name tiny_tool_cpu`; on one GPU with the full Qwen2 "
+                "vocabulary: `verl-mp train --config-name demo_gpu`)")
+    return None
+
+
 def demo_config(cfg, config_name: str):
     """The embedded demo, only when the user gave neither a model nor data: it never
     replaces what the user set."""
-    given = [f"data.{k}={v}" for k in ("train_files", "val_files") if (v := getattr(cfg.data, k))]
-    if given:
-        raise ValueError(f"model.path is empty but {', '.join(given)} is set: the embedded demo never replaces "
-                         "your data. Give model.path=HF_DIR to train your model on it, or leave model.path and "
-                         "data.* unset to run the demo (`verl-mp train`)")
     from verl_mp.demo.presets import DEMO_PRESETS
     from verl_mp.demo.warm_start import prepare_demo
 
-    if config_name not in DEMO_PRESETS:
-        raise ValueError(f"model.path is empty: --config-name {config_name} needs model.path=HF_DIR and "
-                         "data.train_files=[...] (parquet). The embedded demo runs with the default preset: "
-                         "`verl-mp train` with no model or data (the mixture-of-experts demo: "
-                         "`verl-mp train --config-name tiny_moe_cpu`; multi-turn tool use: "
-                         "`verl-mp train --config-name tiny_tool_cpu`; on one GPU with the full Qwen2 "
-                         "vocabulary: `verl-mp train --config-name demo_gpu`)")
+    refusal = demo_refusal(cfg, config_name)
+    if refusal:
+        raise ValueError(refusal)
     return prepare_demo(cfg, DEMO_PRESETS[config_name])

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from verl_mp.config.keys import dead_key_reason, unknown_key_message
 from verl_mp.config.schema import RootConfig
+from verl_mp.utils.errors import ConfigErrors
 from verl_mp.utils.secrets import looks_secret
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "megatron_configs"
@@ -44,31 +46,108 @@ def preset_path(name: str) -> Path:
 
 def load_config(config_name: str | None = None, overrides: list[str] | None = None) -> RootConfig:
     """Merge and type-check; unknown keys and wrong types raise ValueError naming the key,
-    the value, the expected type and an example. A single string is accepted where the
-    schema wants a list (``data.train_files=/data/train.parquet``)."""
-    schema = OmegaConf.structured(RootConfig)
-    merged = schema
-    try:
-        if config_name:
-            merged = OmegaConf.merge(merged, _lists_from_strings(schema, OmegaConf.load(preset_path(config_name))))
-        if overrides:
-            merged = OmegaConf.merge(merged, _lists_from_strings(schema, _parse_dotlist(overrides)))
-        interpolations = _interpolations(merged)
-        cfg = OmegaConf.to_object(merged)
-    except (ConfigKeyError, ConfigAttributeError) as exc:
-        raise ValueError(f"unknown config key: {_key_of(exc)}; {_valid_keys_hint(exc)}") from None
-    except ValidationError as exc:
-        raise ValueError(_invalid_value_message(schema, exc)) from None
-    _refuse_literal_secrets(cfg, (), _from_environment(interpolations))
-    _INTERPOLATIONS.update(interpolations)
+    the value, the expected type and an example (`ConfigErrors`: every such mistake at once).
+    A single string is accepted where the schema wants a list
+    (``data.train_files=/data/train.parquet``)."""
+    cfg, errors = load_config_checked(config_name, overrides)
+    if errors:
+        raise ConfigErrors(errors)
     return cfg
 
 
-def _parse_dotlist(overrides: list[str]):
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} must look like key=value (e.g. trainer.total_steps=10)")
-    return OmegaConf.from_dotlist(list(overrides))
+def load_config_checked(config_name: str | None = None,
+                        overrides: list[str] | None = None) -> tuple[RootConfig | None, list[str]]:
+    """`load_config` without raising: the configuration built from every valid setting (None
+    when even that fails) and one message per invalid one (unknown key, wrong type, a value a
+    section refuses, a key that does nothing), so that a user sees all mistakes at once."""
+    schema = OmegaConf.structured(RootConfig)
+    errors: list[str] = []
+    layers = []
+    if config_name:
+        try:
+            layers.append(OmegaConf.load(preset_path(config_name)))
+        except ValueError as err:
+            return None, [str(err)]
+    if overrides:
+        good = [item for item in overrides if "=" in item]
+        errors += [f"override {item!r} must look like key=value (e.g. trainer.total_steps=10)"
+                   for item in overrides if "=" not in item]
+        if good:
+            layers.append(OmegaConf.from_dotlist(good))
+    merged = schema
+    for layer in layers:
+        merged = _merge_valid(schema, merged, _lists_from_strings(schema, layer), errors)
+    try:
+        interpolations = _interpolations(merged)
+        cfg = OmegaConf.to_object(merged)
+        _refuse_literal_secrets(cfg, (), _from_environment(interpolations))
+    except (OmegaConfBaseException, ValueError) as exc:
+        return None, errors + [_message(schema, exc, "")]
+    _INTERPOLATIONS.update(interpolations)
+    return cfg, errors
+
+
+def _merge_valid(schema, merged, layer, errors: list[str]):
+    """``merged`` with ``layer`` on top; where that fails, leaf by leaf, keeping the valid
+    settings and one message per invalid one in ``errors`` (keys that do nothing included)."""
+    leaves = _leaves(OmegaConf.to_container(layer, resolve=False))
+    dead = [path for path, value in leaves if dead_key_reason(".".join(path)) and not _is_default(schema, path, value)]
+    errors += [f"{'.'.join(p)} does nothing: {dead_key_reason('.'.join(p))}; remove it" for p in dead]
+    if dead:
+        leaves = [(path, value) for path, value in leaves if path not in dead]
+    else:
+        try:
+            candidate = OmegaConf.merge(merged, layer)
+            OmegaConf.to_object(candidate)
+            return candidate
+        except (OmegaConfBaseException, ValueError):
+            pass
+    for path, value in leaves:
+        try:
+            candidate = OmegaConf.merge(merged, OmegaConf.create(_nested(path, value)))
+            OmegaConf.to_object(candidate)
+        except (OmegaConfBaseException, ValueError) as exc:
+            errors.append(_message(schema, exc, ".".join(path)))
+            continue
+        merged = candidate
+    return merged
+
+
+def _is_default(schema, path: tuple, value: Any) -> bool:
+    """Whether ``value`` is the schema's default at ``path`` (a saved config.yaml holds every key)."""
+    default = OmegaConf.select(schema, ".".join(path), default=None, throw_on_missing=False)
+    if isinstance(default, (DictConfig, ListConfig)):
+        default = OmegaConf.to_container(default)
+    return value == default
+
+
+def _leaves(plain: dict, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """(path, value) of every setting of a plain nested dict; lists and empty dicts are values."""
+    found = []
+    for key, value in plain.items():
+        if isinstance(value, dict) and value:
+            found += _leaves(value, path + (str(key),))
+        else:
+            found.append((path + (str(key),), value))
+    return found
+
+
+def _nested(path: tuple, value: Any) -> dict:
+    node: Any = value
+    for part in reversed(path):
+        node = {part: node}
+    return node
+
+
+def _message(schema, exc: Exception, key: str) -> str:
+    """One line for what ``exc`` says about ``key`` (the setting being merged; "" if unknown)."""
+    if isinstance(exc, (ConfigKeyError, ConfigAttributeError)):
+        return unknown_key_message(key or _key_of(exc))
+    if isinstance(exc, ValidationError):
+        return _invalid_value_message(schema, exc)
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"{key or _key_of(exc)}: {str(exc).splitlines()[0]}"
 
 
 def _lists_from_strings(schema, node):
@@ -187,17 +266,6 @@ def _refuse_literal_secrets(cfg: Any, path: tuple, from_env: set | dict) -> None
 
 def _key_of(exc) -> str:
     return str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or exc)
-
-
-def _valid_keys_hint(exc) -> str:
-    full_key = str(getattr(exc, "full_key", "") or "")
-    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
-    node = OmegaConf.structured(RootConfig)
-    try:
-        section = OmegaConf.select(node, parent) if parent else node
-        return f"valid keys under '{parent or '<root>'}': {sorted(section.keys())}"
-    except Exception:  # the hint is best effort; the error itself already names the key
-        return "see verl_mp/config/schema.py"
 
 
 def to_yaml(cfg: RootConfig) -> str:

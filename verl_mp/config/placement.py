@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor_rollout_ref", "critic", "reward_model", "rollout")
+GROUPS = ("actor_rollout_ref", "critic", "reward_model", "rollout")
+"""Worker groups, named by their placement key (``trainer.placement.roles.<group>``); `verl_mp.plan.ROLES`
+are what a group's processes host."""
 DEFAULT_POOL = "global"
 
 
@@ -68,7 +70,7 @@ class Placement:
 
 
 def resolve_placement(t, enabled: dict[str, bool]) -> Placement:
-    """``t``: the TrainerConfig; ``enabled``: which of `ROLES` this run has
+    """``t``: the TrainerConfig; ``enabled``: which of `GROUPS` this run has
     (`verl_mp.plan.enabled_roles`). Fills the defaults and checks names and shapes; raises
     ValueError naming the setting and the fix. Model-dependent checks live in preflight."""
     spec = t.placement
@@ -80,12 +82,12 @@ def resolve_placement(t, enabled: dict[str, bool]) -> Placement:
         if not counts or any(not isinstance(c, int) or c < 1 for c in counts):
             raise ValueError(f"trainer.placement.pools.{name}={counts}: give one positive rank count per node")
     for role, pool in roles.items():
-        if role not in ROLES:
-            raise ValueError(f"trainer.placement.roles.{role}: unknown role; valid roles: {list(ROLES)}")
+        if role not in GROUPS:
+            raise ValueError(f"trainer.placement.roles.{role}: unknown group; valid groups: {list(GROUPS)}")
         if pool not in pools:
             raise ValueError(f"trainer.placement.roles.{role}={pool!r} is not a pool; "
                              f"defined pools: {sorted(pools)} (add it under trainer.placement.pools)")
-    for role in ROLES:
+    for role in GROUPS:
         roles.setdefault(role, roles["actor_rollout_ref"])
     placement = Placement(pools=pools, roles=roles)
     _check_actor_pool(placement, t)
@@ -104,7 +106,7 @@ def _check_actor_pool(placement: Placement, t) -> None:
 
 
 def _check_use(placement: Placement, t, enabled: dict[str, bool]) -> None:
-    used = {placement.roles[r] for r in ROLES if enabled.get(r)}
+    used = {placement.roles[r] for r in GROUPS if enabled.get(r)}
     unused = sorted(set(placement.pools) - used)
     if unused:
         raise ValueError(f"trainer.placement.pools {unused} host no role of this run (critic enabled: "
@@ -113,7 +115,7 @@ def _check_use(placement: Placement, t, enabled: dict[str, bool]) -> None:
     for role in ("critic", "reward_model"):
         if not enabled.get(role) and role in t.placement.roles:
             logger.warning("trainer.placement.roles.%s has no effect: this run has no %s", role, role)
-    split = [r for r in ROLES if enabled.get(r) and not placement.colocated(r)]
+    split = [r for r in GROUPS if enabled.get(r) and not placement.colocated(r)]
     if split and t.launcher != "ray":
         raise ValueError(
             f"trainer.placement puts {split} on a pool apart from actor_rollout_ref, which needs "

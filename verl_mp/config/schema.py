@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from verl_mp.config.engine import EngineSettings, OffloadConfig
 from verl_mp.config.moe import MoEConfig
-from verl_mp.config.optim import OptimConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
 from verl_mp.config.profile import ProfileConfig
@@ -80,39 +80,11 @@ class DataConfig:
     """Drop groups of equal rewards and refill the batch (needs rollout.sampling.n > 1)."""
 
 
-ATTENTION_BACKENDS = ("auto", "te", "sdpa", "local")
 ROUTER_REPLAY_MODES = ("off", "rollout", "old_logprob")
-RECOMPUTE_MODES = ("none", "selective", "full")
-RECOMPUTE_MODULES = ("mlp", "core_attn")
 
 
 @dataclass(kw_only=True)
-class OffloadConfig:
-    """What of an engine leaves the device while other phases run (GPU only; a no-op on CPU).
-
-    Parameters are offloaded while the rollout generates; gradients and optimizer state
-    between updates (they are rebuilt or brought back before the next update)."""
-
-    params: bool = False
-    """Parameters (the reference policy's default: it only runs one forward per step)."""
-    grads: bool = False
-    """The gradient buffers (zeroed at the start of every update anyway)."""
-    optimizer: bool = False
-    """fp32 main weights and Adam moments (copied back before the next update)."""
-
-
-DEFAULT_BUDGET_ROWS = 4
-"""Without a GPU to plan for, an unset micro-batching gets a token budget of this many
-full-length sequences (the worst case of the former default, 4 rows)."""
-
-
-def default_token_budget(seq: int) -> int:
-    """The token budget of an engine role that sets no micro-batching, where no planner chose one."""
-    return DEFAULT_BUDGET_ROWS * seq
-
-
-@dataclass(kw_only=True)
-class EngineRoleConfig:
+class EngineRoleConfig(EngineSettings):
     """A Megatron engine role (actor, reference or critic).
 
     Roles colocated in the same processes share the actor's parallel layout
@@ -121,57 +93,45 @@ class EngineRoleConfig:
     Every field reaches the role's engine on every rank (`verl_mp.plan`).
     """
 
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    micro_batch_size: int | None = None
-    """Fixed rows: this many sequences per micro-batch on each data-parallel rank, padded to
-    the longest. None (default) with ``max_tokens_per_micro_batch`` None: token-budget
-    micro-batches whose budget the memory planner chooses for the GPU and the layout
-    (`verl_mp.planner.choose`; ``plan.yaml`` and ``verl-mp plan`` show it)."""
-    max_tokens_per_micro_batch: int | None = None
-    """Token budget: rows sorted by length and packed into micro-batches of at most this many
-    tokens (padding counts unless remove_padding); overrides micro_batch_size."""
-    remove_padding: bool = False
-    """Sequence packing: each micro-batch's sequences back to back without padding (THD);
-    needs attention_backend sdpa, te or auto."""
-    attention_backend: str = "auto"
-    """Core attention: auto (te if importable, else sdpa), te, sdpa (torch
-    scaled_dot_product_attention) or local (megatron's unfused, materialises [s, s])."""
-    recompute: str = "none"
-    """Activation recompute in training: none (keep every activation), selective (re-run the
-    modules of recompute_modules in backward) or full (keep only each layer group's input and
-    re-run it: least memory, about a third more compute). `verl-mp plan` shows what each saves."""
-    recompute_modules: list[str] = field(default_factory=lambda: ["mlp"])
-    """With recompute=selective: mlp (the SwiGLU MLP, most of a layer's activations) and/or
-    core_attn (with the SDPA attention this saves only its log-sum-exp: there is no [s, s]
-    score matrix to drop)."""
-    recompute_num_layers: int = 1
-    """With recompute=full: layers per checkpointed group (megatron's uniform method)."""
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-
     _section: ClassVar[str] = "ref"
     """The config key of this role (error messages name it)."""
 
-    def __post_init__(self) -> None:
-        k = self._section
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"{k}.attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
-        if self.recompute not in RECOMPUTE_MODES:
-            raise ValueError(f"{k}.recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
-        bad = sorted(set(self.recompute_modules) - set(RECOMPUTE_MODULES))
-        if bad or (self.recompute == "selective" and not self.recompute_modules):
-            raise ValueError(f"{k}.recompute_modules={self.recompute_modules}: give one or more of "
-                             f"{list(RECOMPUTE_MODULES)} (megatron 0.16's 'layernorm' needs transformer-engine)")
-        if self.remove_padding and self.attention_backend == "local":
-            raise ValueError(f"{k}.remove_padding=true needs {k}.attention_backend sdpa, te or auto (megatron's "
-                             "local attention refuses packed sequences)")
-        for name in ("micro_batch_size", "max_tokens_per_micro_batch", "recompute_num_layers"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{k}.{name}={value} must be >= 1")
+
+@dataclass(kw_only=True)
+class PolicyUpdateConfig:
+    """How the actor is updated (the loss, `verl_mp.workers.losses.actor_loss`, and the epochs): what
+    the plan sends the workers of the ``actor`` section."""
+
+    ppo_epochs: int = 1
+    """Passes over each RL step's batch."""
+    policy_loss: str = "ppo"
+    """A name in verl_mp.algo.POLICY_LOSSES or a ``module:function`` plugin."""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    """Set above clip_ratio_low for DAPO's clip-higher."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip bound for negative advantages; null disables it."""
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    """Add a KL(actor || reference) term to the loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "k3"
 
 
 @dataclass(kw_only=True)
-class ActorConfig(EngineRoleConfig):
+class ValueUpdateConfig:
+    """How the critic is updated (the loss, `verl_mp.workers.losses.critic_loss`, and the epochs): what
+    the plan sends the workers of the ``critic`` section."""
+
+    ppo_epochs: int = 1
+    """Passes over each RL step's batch."""
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass(kw_only=True)
+class ActorConfig(PolicyUpdateConfig, EngineRoleConfig):
     _section: ClassVar[str] = "actor"
     megatron: ParallelConfig = field(default_factory=ParallelConfig)
     """The parallel layout of the actor and reference (and of a colocated critic)."""
@@ -188,21 +148,6 @@ class ActorConfig(EngineRoleConfig):
     experts). The reference policy always routes on its own."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
-    ppo_epochs: int = 1
-    policy_loss: str = "ppo"
-    """A name in verl_mp.algo.POLICY_LOSSES or a ``module:function`` plugin."""
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    """Set above clip_ratio_low for DAPO's clip-higher."""
-    clip_ratio_c: float | None = 3.0
-    """Dual-clip bound for negative advantages; null disables it."""
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    """Add a KL(actor || reference) term to the loss (GRPO style)."""
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "k3"
-
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -213,16 +158,13 @@ class ActorConfig(EngineRoleConfig):
 
 
 @dataclass(kw_only=True)
-class CriticConfig(EngineRoleConfig):
+class CriticConfig(ValueUpdateConfig, EngineRoleConfig):
     _section: ClassVar[str] = "critic"
     enable: bool | None = None
     """None: on exactly when the advantage estimator needs values (gae)."""
     megatron: ParallelConfig | None = None
     """The critic's own layout when it runs on its own pool (trainer.placement.roles.critic);
     None: the actor's. A colocated critic must use the actor's layout."""
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
 
 
 @dataclass(kw_only=True)

@@ -313,14 +313,14 @@ class MegatronEngine:
 
     def offload(self, *, params: bool | None = None, grads: bool | None = None,
                 optimizer: bool | None = None) -> int:
-        """Move the selected state off the device (defaults: the config's offload_* flags)."""
+        """Move the selected state off the device (defaults: the config's ``offload``)."""
         cfg = self.config
         tensors = []
-        if cfg.offload_params if params is None else params:
+        if cfg.offload.params if params is None else params:
             tensors += offload.param_tensors(self.chunks)
-        if self.config.trainable and (cfg.offload_grads if grads is None else grads):
+        if self.config.trainable and (cfg.offload.grads if grads is None else grads):
             tensors += offload.grad_buffer_tensors(self.chunks)
-        if self.optimizer is not None and (cfg.offload_optimizer if optimizer is None else optimizer):
+        if self.optimizer is not None and (cfg.offload.optimizer if optimizer is None else optimizer):
             tensors += offload.optimizer_tensors(self.optimizer)
         freed = self._offloader.offload(tensors)
         logger.debug("offloaded %.1f MiB", freed / 2**20)

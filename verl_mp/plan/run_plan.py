@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, field, fields, replace
 
 from omegaconf import OmegaConf
 
 from verl_mp.algo import estimator_spec
+from verl_mp.config.engine import EngineSettings, default_token_budget
 from verl_mp.config.parallel import ParallelConfig
-from verl_mp.config.placement import Placement, resolve_placement
+from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
-    ActorConfig,
-    CriticConfig,
     EngineRoleConfig,
+    PolicyUpdateConfig,
     RewardModelConfig,
     RootConfig,
-    default_token_budget,
+    ValueUpdateConfig,
 )
-from verl_mp.engine.config import EngineConfig
+from verl_mp.engine.config import ENGINE_ROLES, EngineConfig  # noqa: F401  (re-exported)
 
 ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
 """What a process can host. The actor and its reference always share the
 ``actor_rollout_ref`` group; the rollout, the critic and the reward model join it unless
 placed apart (a rollout group hosts vLLM alone)."""
-ENGINE_ROLES = ("actor", "ref", "critic")
-GROUPS = ("actor_rollout_ref", "critic", "reward_model", "rollout")
-"""Worker groups, named by the placement key (``trainer.placement.roles.<group>``)."""
 
 
 @dataclass(kw_only=True)
@@ -58,9 +56,11 @@ class RunPlan:
     critic: EngineConfig | None = None
     rollout: RolloutConfig
     reward_model: RewardModelConfig | None = None
-    actor_loss: ActorConfig
+    actor_loss: PolicyUpdateConfig
     """The actor's loss settings (policy loss, clipping, aggregation, entropy, KL loss)."""
-    critic_loss: CriticConfig
+    critic_loss: ValueUpdateConfig
+    router_replay: str = "off"
+    """``actor.router_replay``: how the actor's passes route a mixture-of-experts model."""
     mini_batch_rows: int
     """Samples per optimizer step: actor.ppo_mini_batch_size prompts x rollout.sampling.n."""
     temperature: float
@@ -128,10 +128,16 @@ def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
         if use_critic else None,
         rollout=replace(cfg.rollout, dtype=cfg.model.dtype),
         reward_model=cfg.reward_model if cfg.reward_model.enable else None,
-        actor_loss=cfg.actor, critic_loss=cfg.critic,
+        actor_loss=_copy_fields(cfg.actor, PolicyUpdateConfig), critic_loss=_copy_fields(cfg.critic, ValueUpdateConfig),
+        router_replay=cfg.actor.router_replay,
         mini_batch_rows=cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n,
         temperature=t if t > 0 else 1.0,
     )
+
+
+def _copy_fields(section, cls):
+    """The ``cls`` part of a config section (e.g. the actor's loss settings of ``actor``)."""
+    return cls(**{f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(cls)})
 
 
 def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
@@ -141,17 +147,13 @@ def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
 
 def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: ParallelConfig, horizon: int,
             epochs: int | None = None) -> EngineConfig:
-    """Every setting of ``section`` (actor, ref or critic) in the engine's own terms."""
+    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name, plus
+    what the run decides."""
+    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)}
+    settings["max_tokens_per_micro_batch"] = _token_budget(cfg, section)
     return EngineConfig(
-        model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel, optim=section.optim,
-        total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon,
-        micro_batch_size=section.micro_batch_size,
-        max_tokens_per_micro_batch=_token_budget(cfg, section),
-        remove_padding=section.remove_padding, attention_backend=section.attention_backend,
-        recompute=section.recompute, recompute_modules=list(section.recompute_modules),
-        recompute_num_layers=section.recompute_num_layers,
-        offload_params=section.offload.params, offload_grads=section.offload.grads,
-        offload_optimizer=section.offload.optimizer, seed=cfg.trainer.seed,
+        **settings, model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel,
+        total_training_steps=_optimizer_steps(cfg, epochs) if epochs else horizon, seed=cfg.trainer.seed,
         # The reference and a critic on a MoE body route with the actor's router settings.
         moe=cfg.actor.moe,
     )

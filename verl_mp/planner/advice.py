@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.placement import resolve_placement
 from verl_mp.config.rollout import validate_rollout_layout
-from verl_mp.config.schema import RootConfig, default_token_budget
+from verl_mp.config.engine import default_token_budget
+from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import enabled_roles
 from verl_mp.planner.plan import Plan, PlanOptions, plan

@@ -19,7 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from verl_mp.config.parallel import validate_layout
-from verl_mp.config.schema import DEFAULT_BUDGET_ROWS, EngineRoleConfig, RootConfig, default_token_budget
+from verl_mp.config.engine import DEFAULT_BUDGET_ROWS, default_token_budget
+from verl_mp.config.schema import EngineRoleConfig, RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import critic_enabled, reference_enabled
 from verl_mp.planner.plan import PlanOptions, plan

@@ -1,10 +1,9 @@
 """One engine role (actor, reference or critic) on its pool: static state and the peaks
 of its forward-only and training passes, per pipeline stage.
 
-Built from the run config by `engine_use` with the same rules as the trainer
-(`verl_mp.workers.engine_role.engine_config`): the role's ``micro_batch_size`` or
-``max_tokens_per_micro_batch``, the model dtype, its parallel layout, the distributed
-optimizer setting. Rows are padded to the longest row of a micro-batch, so the planner
+Built from the engine configs of the run's plan (`verl_mp.plan.RunPlan`, what the ranks
+receive): the role's ``micro_batch_size`` or ``max_tokens_per_micro_batch``, the model dtype,
+its parallel layout, recompute, offload, the distributed optimizer setting. Rows are padded to the longest row of a micro-batch, so the planner
 takes the worst case: every row is ``data.max_prompt_length + max_new_tokens`` long.
 """
 
@@ -13,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from verl_mp.config.schema import OffloadConfig, default_token_budget
+from verl_mp.config.engine import EngineSettings, OffloadConfig, default_token_budget
 from verl_mp.planner import memory as mem
 from verl_mp.planner.dims import Layout, ModelDims, stage_layers
 
@@ -44,6 +43,8 @@ class EngineUse:
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """What of the engine leaves the device while other phases run (the role's ``offload``)."""
     distributed_optimizer: bool = True
+    settings: EngineSettings | None = field(default=None, compare=False)
+    """The engine's settings this use was planned from (the plan's `EngineConfig`)."""
 
     def on_device(self, stage: int, away: bool) -> int:
         """Static bytes on the device; ``away``: during a phase the engine sits out (what
@@ -107,7 +108,7 @@ class EngineUse:
 
 
 def micro_batch_shape(section, seq: int) -> MicroBatchShape:
-    """``section``: an `EngineRoleConfig` (micro_batch_size / max_tokens_per_micro_batch). A
+    """``section``: `EngineSettings` (micro_batch_size / max_tokens_per_micro_batch). A
     token budget is planned at its worst case: every row full-length."""
     budget = section.max_tokens_per_micro_batch
     if budget is None and section.micro_batch_size is None:  # left to the planner; where none chose: the fallback

@@ -39,7 +39,8 @@ from verl_mp.config.parallel import ParallelConfig, validate_layout
 from verl_mp.config.placement import resolve_placement
 from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
-from verl_mp.plan import critic_enabled, critic_layout, enabled_roles, reference_enabled
+from verl_mp.engine.config import EngineConfig
+from verl_mp.plan import build_plan, enabled_roles
 from verl_mp.planner import memory as mem
 from verl_mp.planner import rollout as ro
 from verl_mp.planner.dims import Layout, ModelDims, total_params
@@ -95,6 +96,8 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     """Failures besides phase totals (e.g. vLLM's KV cache cannot hold one sequence)."""
     info: dict = field(default_factory=dict)
+    engines: dict = field(default_factory=dict)
+    """role -> `EngineUse` of each engine, planned from the run plan's engine configs."""
 
     @property
     def peak(self) -> PhaseMemory:
@@ -131,12 +134,12 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
         seq = cfg.rollout.multi_turn.max_total_tokens
     world = cfg.trainer.world_size
     mini_rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n
-    actor = _engine(cfg, "actor", dims, cfg.actor.megatron, world, spec, seq, mini_rows)
-    ref = _engine(cfg, "ref", dims, cfg.actor.megatron, world, spec, seq, mini_rows) if reference_enabled(cfg) else None
+    run_plan = build_plan(cfg, placement)  # the engines exactly as the ranks get them
+    actor = _engine(cfg, run_plan.actor, dims, world, spec, seq, mini_rows)
+    ref = _engine(cfg, run_plan.ref, dims, world, spec, seq, mini_rows) if run_plan.ref is not None else None
     critic = None
-    if critic_enabled(cfg):
-        critic = _engine(cfg, "critic", dims.critic(), critic_layout(cfg), placement.pool_size("critic"),
-                         spec, seq, mini_rows)
+    if run_plan.critic is not None:
+        critic = _engine(cfg, run_plan.critic, dims.critic(), placement.pool_size("critic"), spec, seq, mini_rows)
     critic_here = critic is not None and placement.colocated("critic")
     apart = not placement.colocated("rollout")
     rollout_world = placement.pool_size("rollout")
@@ -163,7 +166,8 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     info = _info(cfg, dims, actor, critic, rollout, seq, rollout_world)
     if apart:
         info["rollout_pool"] = (placement.roles["rollout"], rollout_world)
-    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=info)
+    engines = {use.role: use for use in (actor, ref, critic) if use is not None}
+    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=info, engines=engines)
     result.problems = _rollout_problems(cfg, rollout, info.get("rollout_pool")) \
         if cfg.rollout.backend == "vllm" else []
     return result
@@ -207,16 +211,17 @@ def _with_cached_blocks(phases: list[PhaseMemory]) -> list[PhaseMemory]:
     return out
 
 
-def _engine(cfg: RootConfig, role: str, dims: ModelDims, parallel: ParallelConfig, world: int, spec: GPTSpec,
-            seq: int, mini_rows: int) -> EngineUse:
-    section = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic}[role]
-    prefix = "critic.megatron." if role == "critic" and cfg.critic.megatron is not None else "actor.megatron."
-    layout = layout_of(parallel, world, spec, prefix)
-    micro = micro_batch_shape(section, seq)
-    return EngineUse(role=role, dims=dims, layout=layout, dtype=cfg.model.dtype, micro=micro,
+def _engine(cfg: RootConfig, engine: EngineConfig, dims: ModelDims, world: int, spec: GPTSpec, seq: int,
+            mini_rows: int) -> EngineUse:
+    """The memory use of one engine of the run's plan (`verl_mp.plan.RunPlan`): its layout,
+    micro-batching, recompute, offload and optimizer settings as its ranks receive them."""
+    prefix = "critic.megatron." if engine.role == "critic" and cfg.critic.megatron is not None else "actor.megatron."
+    layout = layout_of(engine.parallel, world, spec, prefix)
+    micro = micro_batch_shape(engine, seq)
+    return EngineUse(role=engine.role, dims=dims, layout=layout, dtype=engine.dtype, micro=micro,
                      train_micro_batches=train_micro_batches(mini_rows, layout.dp, micro),
-                     recompute=mem.Recompute.of(section), offload=section.offload,
-                     distributed_optimizer=section.optim.use_distributed_optimizer)
+                     recompute=mem.Recompute.of(engine), offload=engine.offload,
+                     distributed_optimizer=engine.optim.use_distributed_optimizer, settings=engine)
 
 
 def _actor_pool_phases(ref, critic_here: bool, rollout_apart: bool) -> list[str]:

@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from verl_mp.reward.executor import Outcome, RewardExecutor
-from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, FileFunction, RewardFn, get_reward_fn
+from verl_mp.reward.registry import (
+    DEFAULT_FN_BY_SOURCE,
+    FileFunction,
+    RewardFn,
+    get_reward_fn,
+    no_reward_fn_message,
+)
 from verl_mp.reward.worker_proc import WorkerLimits
 from verl_mp.utils.failure_budget import FailureBudget
 
@@ -104,11 +110,7 @@ class RewardManager:
         """The name (registered name or ``module:function``) of a data source's function."""
         name = self.fn_names.get(data_source, self.default_fn)
         if name is None:
-            raise ValueError(
-                f"no reward function for data_source '{data_source}'. Fix: map it in "
-                f"reward.fn_by_source or set reward.default_fn (known sources: "
-                f"{sorted(self.fn_names)})"
-            )
+            raise ValueError(no_reward_fn_message(data_source, self.fn_names))
         return name
 
     def check_sources(self, data_sources: Iterable[str]) -> None:

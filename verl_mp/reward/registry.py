@@ -18,9 +18,11 @@ Names are resolved by ``get_reward_fn``: a registered name (``gsm8k``, ``math_bo
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,28 @@ DEFAULT_FN_BY_SOURCE: dict[str, str] = {
 }
 
 
+def no_reward_fn_message(data_source: str, mapped: Iterable[str], where: str = "") -> str:
+    """The error for a data source that no reward function serves, with the fix as it is typed
+    on the command line."""
+    names = sorted(REWARD_FUNCTIONS)
+    if re.fullmatch(r"[\w/-]+", data_source):
+        fix = f"reward.fn_by_source.{data_source}=NAME"
+    else:  # dots, spaces...: the dotlist cannot name the key, a dict value can
+        fix = f"'reward.fn_by_source={{\"{data_source}\": NAME}}'"
+    return (f"no reward function for data_source '{data_source}'{where}: map it with {fix} (NAME: one of "
+            f"{names} or module:function), or serve every unmapped source with reward.default_fn=NAME "
+            f"(mapped sources: {sorted(mapped)})")
+
+
+def unserved_sources(data_sources: Iterable[str], fn_by_source: dict[str, str], default_fn: str | None) -> list[str]:
+    """The data sources that neither ``fn_by_source`` (over `DEFAULT_FN_BY_SOURCE`) nor
+    ``default_fn`` serves."""
+    if default_fn:
+        return []
+    mapped = {**DEFAULT_FN_BY_SOURCE, **fn_by_source}
+    return sorted(set(data_sources) - set(mapped))
+
+
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator adding a reward function under ``name``; a duplicate name raises."""
 
@@ -69,8 +93,10 @@ def get_reward_fn(name: str) -> RewardFn:
     if ":" in name:
         return load_plugin(name)
     if name not in REWARD_FUNCTIONS:
+        close = difflib.get_close_matches(name, list(REWARD_FUNCTIONS), n=1)
+        guess = f"did you mean '{close[0]}'? " if close else ""
         raise ValueError(
-            f"unknown reward function '{name}'; valid names: {sorted(REWARD_FUNCTIONS)}, "
+            f"unknown reward function '{name}'; {guess}valid names: {sorted(REWARD_FUNCTIONS)}, "
             "or a plugin 'package.module:function' / '/path/to/file.py:function'"
         )
     return REWARD_FUNCTIONS[name]

@@ -28,9 +28,12 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import fields
 from typing import Any
 
 import yaml
+
+from verl_mp.config.engine import MAY_DIFFER_ON_RESUME, EngineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +42,24 @@ STATE_FILENAME = "trainer_state.json"
 FINGERPRINT_KEY = "model_fingerprint"
 DATA_FINGERPRINT_KEY = "data_fingerprint"
 
+
+def engine_keys_that_may_differ() -> tuple[str, ...]:
+    """``*.<field>`` (and ``*.<field>.*``) of every `EngineSettings` field marked
+    `MAY_DIFFER_ON_RESUME`: layout, memory and speed settings of any engine role."""
+    keys = []
+    for f in fields(EngineSettings):
+        if dict(f.metadata) == MAY_DIFFER_ON_RESUME:
+            keys += [f"*.{f.name}", f"*.{f.name}.*"]
+    return tuple(keys)
+
+
 MAY_DIFFER = (
     "trainer.launcher", "trainer.nproc", "trainer.nnodes", "trainer.placement", "trainer.placement.*",
     "trainer.total_steps", "trainer.max_steps_this_run", "trainer.save_freq", "trainer.save_final",
     "trainer.test_freq", "trainer.val_before_train", "trainer.default_local_dir", "trainer.resume_mode",
     "trainer.max_ckpt_to_keep", "trainer.logger", "trainer.project_name", "trainer.experiment_name",
     "trainer.peak_tflops", "trainer.export_hf_at_end", "trainer.gpu_memory_gib",
-    "*.megatron", "*.megatron.*", "*.micro_batch_size", "*.max_tokens_per_micro_batch", "*.offload", "*.offload.*",
-    "*.remove_padding", "*.attention_backend", "*.recompute", "*.recompute_modules", "*.recompute_num_layers",
+    "*.megatron", "*.megatron.*", *engine_keys_that_may_differ(),
     "rollout.logprob_gap_freq", "rollout.logprobs_source", "trainer.save_on_interrupt",
     "ref.optim.*", "actor.moe.grouped_gemm",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",

@@ -12,6 +12,7 @@ from typing import Any
 
 from verl_mp.config.schema import LAUNCHERS, RootConfig
 from verl_mp.plan import RunPlan, build_plan, critic_enabled, critic_layout, enabled_roles
+from verl_mp.utils.errors import ConfigErrors, ErrorCollector
 
 logger = logging.getLogger(__name__)
 
@@ -59,43 +60,74 @@ def build_inputs(cfg: RootConfig, score_rewards: bool) -> RunInputs:
     return RunInputs(tokenizer, train, val, sampler, reward, int(pad))
 
 
-def preflight(cfg: RootConfig) -> RunPlan:
-    """Every check that can fail before processes start (files, names, layouts, batch
-    sizes, data, lengths); returns the run's plan (`verl_mp.plan`)."""
-    from verl_mp.config.parallel import validate_layout
+def config_errors(cfg: RootConfig) -> list[str]:
+    """Every check that needs neither the model nor the data (names, plugins, placement,
+    batch sizes, lengths): one message per mistake. Seconds, before any download, warm start
+    or process (`verl-mp train` runs it before preparing the demo)."""
+    errors = ErrorCollector()
+    _config_checks(cfg, errors)
+    return errors.messages
+
+
+def _config_checks(cfg: RootConfig, errors: ErrorCollector):
+    """The checks of `config_errors`, into ``errors``; returns the placement (None if invalid)."""
     from verl_mp.config.placement import resolve_placement
-    from verl_mp.config.rollout import validate_rollout_layout, validate_sync_mode
+    from verl_mp.config.rollout import validate_sync_mode
     from verl_mp.utils.launch import check_local_ranks
 
     t = cfg.trainer
     if t.launcher not in LAUNCHERS:
-        raise ValueError(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
-    check_local_ranks(t.nproc, "trainer.nproc")
-    _warn_oversubscribed(t.nproc)
-    _check_names(cfg)
-    placement = resolve_placement(t, enabled_roles(cfg))
+        errors.messages.append(f"trainer.launcher={t.launcher!r} is not one of {LAUNCHERS}")
+    errors.run(check_local_ranks, t.nproc, "trainer.nproc")
+    names_ok = _check_names(cfg, errors)
+    errors.run(_check_reward_fns, cfg)
+    # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
+    errors.run(validate_sync_mode, cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
+               cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
+    errors.run(_check_mini_batch, cfg)
+    errors.run(_check_generation_lengths, cfg)
+    if not names_ok:
+        return None  # which roles run follows from the estimator
+    placement = errors.run(resolve_placement, t, enabled_roles(cfg))
+    if placement is None:
+        return None
     if t.launcher == "ray" and not os.environ.get("RAY_ADDRESS"):  # a local Ray on this machine
         if placement.multi_node:
-            raise ValueError(f"trainer.placement pools {placement.pools} span several nodes (trainer.nnodes="
-                             f"{t.nnodes}): start a Ray cluster (ray start) and set RAY_ADDRESS")
-        check_local_ranks(placement.num_ranks, "the ranks of all trainer.placement pools together")
-    _check_paths(cfg)
-    spec = _model_spec(cfg.model.path)
-    dp = validate_layout(cfg.actor.megatron, t.world_size, spec.shape, prefix="actor.megatron.")
-    validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
-    _check_rollout_pool(cfg, placement)
-    # CUDA is checked in the workers (make_weight_sync): a Ray driver may have no GPU itself.
-    validate_sync_mode(cfg.rollout.weight_sync_mode, cfg.actor.megatron.tensor_model_parallel_size,
-                       cfg.rollout.tensor_model_parallel_size, cfg.rollout.backend, cuda=True)
-    _check_moe(cfg, spec, placement)
-    _check_rollout_architecture(cfg, spec)
-    _check_batch_sizes(cfg, dp)
-    _check_critic_layout(cfg, placement, spec)
-    _check_lengths(cfg, spec)
-    _check_multi_turn(cfg, spec)
-    _check_data(cfg, spec)
-    _check_reward_model(cfg)
-    _check_reward_fns(cfg)
+            errors.messages.append(f"trainer.placement pools {placement.pools} span several nodes (trainer.nnodes="
+                                   f"{t.nnodes}): start a Ray cluster (ray start) and set RAY_ADDRESS")
+        else:
+            errors.run(check_local_ranks, placement.num_ranks, "the ranks of all trainer.placement pools together")
+    errors.run(_check_rollout_pool, cfg, placement)
+    return placement
+
+
+def preflight(cfg: RootConfig) -> RunPlan:
+    """Every check that can fail before processes start (names, files, layouts, batch sizes,
+    data, lengths), each mistake reported (`ConfigErrors`: all at once, as far as the checks do
+    not depend on each other); returns the run's plan (`verl_mp.plan`)."""
+    from verl_mp.config.parallel import validate_layout
+    from verl_mp.config.rollout import validate_rollout_layout
+
+    errors = ErrorCollector()
+    _warn_oversubscribed(cfg.trainer.nproc)
+    placement = _config_checks(cfg, errors)
+    errors.messages += _path_errors(cfg)
+    spec = errors.run(_model_spec, cfg.model.path) if _model_dir(cfg) else None
+    if spec is None or placement is None:
+        errors.raise_if_any()
+    dp = errors.run(validate_layout, cfg.actor.megatron, cfg.trainer.world_size, spec.shape, prefix="actor.megatron.")
+    errors.run(validate_rollout_layout, cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
+    errors.run(_check_moe, cfg, spec, placement)
+    errors.run(_check_rollout_architecture, cfg, spec)
+    if dp is not None:
+        errors.run(_check_batch_sizes, cfg, dp)
+    errors.run(_check_critic_layout, cfg, placement, spec)
+    errors.run(_check_lengths, cfg, spec)
+    errors.run(_check_multi_turn, cfg, spec)
+    if not _path_errors(cfg):
+        errors.run(_check_data, cfg, spec)
+    errors.run(_check_reward_model, cfg)
+    errors.raise_if_any()
     cfg = _choose_settings(cfg, spec)
     _check_fits(cfg, spec)
     return build_plan(cfg, placement)
@@ -226,16 +258,20 @@ def _check_rollout_architecture(cfg: RootConfig, spec) -> None:
                          "supports it; training it needs a rollout that is not built yet")
 
 
-def _check_names(cfg: RootConfig) -> None:
-    """Registry names (or ``module:function`` plugins) of the algorithm settings."""
+def _check_names(cfg: RootConfig, errors: ErrorCollector) -> bool:
+    """Registry names (or ``module:function`` plugins) of the algorithm settings, into
+    ``errors``; False when one does not resolve."""
     from verl_mp.algo import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
 
+    before = len(errors.messages)
     for key, registry, name in (("algorithm.adv_estimator", ADVANTAGE_ESTIMATORS, cfg.algorithm.adv_estimator),
                                 ("actor.policy_loss", POLICY_LOSSES, cfg.actor.policy_loss),
                                 ("actor.kl_loss_type", KL_ESTIMATORS, cfg.actor.kl_loss_type),
                                 ("algorithm.kl_penalty", KL_ESTIMATORS, cfg.algorithm.kl_penalty)):
-        _check_name(key, registry, name)
-    _check_rollout_correction(cfg)
+        errors.run(_check_name, key, registry, name)
+    if len(errors.messages) == before:
+        errors.run(_check_rollout_correction, cfg)
+    return len(errors.messages) == before
 
 
 def _check_rollout_correction(cfg: RootConfig) -> None:
@@ -308,26 +344,37 @@ def _check_reward_model(cfg: RootConfig) -> None:
 
 def _check_reward_fns(cfg: RootConfig) -> None:
     """Every configured rule reward function resolves (a name or a plugin)."""
-    from verl_mp.reward.registry import get_reward_fn
-
     named = [("reward.default_fn", cfg.reward.default_fn)] if cfg.reward.default_fn else []
     named += [(f"reward.fn_by_source.{src}", fn) for src, fn in cfg.reward.fn_by_source.items()]
+    errors = ErrorCollector()
     for key, name in named:
-        try:
-            get_reward_fn(name)
-        except ValueError as err:
-            raise ValueError(f"{key}={name!r}: {err}") from None
+        errors.run(_check_name, key, _RewardNames(), name)
+    errors.raise_if_any()
 
 
-def _check_paths(cfg: RootConfig) -> None:
-    if not cfg.model.path or not os.path.isfile(os.path.join(cfg.model.path, "config.json")):
-        raise ValueError(f"model.path={cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
+class _RewardNames:
+    """The reward registry in the shape `_check_name` looks names up in."""
+
+    def __getitem__(self, name: str):
+        from verl_mp.reward.registry import get_reward_fn
+
+        return get_reward_fn(name)
+
+
+def _model_dir(cfg: RootConfig) -> bool:
+    return bool(cfg.model.path) and os.path.isfile(os.path.join(cfg.model.path, "config.json"))
+
+
+def _path_errors(cfg: RootConfig) -> list[str]:
+    """The model directory and every data file exist."""
+    errors = []
+    if not _model_dir(cfg):
+        errors.append(f"model.path={cfg.model.path!r} is not an HF checkpoint directory (no config.json)")
     if not cfg.data.train_files:
-        raise ValueError("data.train_files is empty: give one or more parquet files")
-    for key in ("train_files", "val_files"):
-        for f in getattr(cfg.data, key):
-            if not os.path.isfile(f):
-                raise ValueError(f"data.{key}: {f} does not exist")
+        errors.append("data.train_files is empty: give one or more parquet files")
+    errors += [f"data.{key}: {f} does not exist" for key in ("train_files", "val_files")
+               for f in getattr(cfg.data, key) if not os.path.isfile(f)]
+    return errors
 
 
 def load_tokenizer(path: str):
@@ -354,11 +401,28 @@ def _check_data(cfg: RootConfig, spec) -> None:
         raise ValueError(f"model.path={cfg.model.path!r}: the tokenizer has {len(tokenizer)} tokens but config.json "
                          f"vocab_size={spec.vocab_size}; the model cannot score some token ids. Use the tokenizer "
                          "the model was trained with")
+    errors = ErrorCollector()
     for key in ("train_files", "val_files"):
         files = getattr(cfg.data, key)
         if files:
-            PromptDataset(files, tokenizer, cfg.data.max_prompt_length, prompt_key=cfg.data.prompt_key,
-                          skip_bad_rows=cfg.data.skip_bad_rows, setting=f"data.{key}")
+            data = errors.run(PromptDataset, files, tokenizer, cfg.data.max_prompt_length,
+                              prompt_key=cfg.data.prompt_key, skip_bad_rows=cfg.data.skip_bad_rows,
+                              setting=f"data.{key}")
+            if data is not None:
+                errors.run(_check_reward_sources, cfg, data.data_sources, f"data.{key}")
+    errors.raise_if_any()
+
+
+def _check_reward_sources(cfg: RootConfig, data_sources: set[str], setting: str) -> None:
+    """Every data source of the data has a rule reward function (unless a reward model replaces them)."""
+    from verl_mp.reward.registry import DEFAULT_FN_BY_SOURCE, no_reward_fn_message, unserved_sources
+
+    if cfg.reward_model.enable and cfg.reward_model.combine == "replace":
+        return  # no rule function runs
+    mapped = {**DEFAULT_FN_BY_SOURCE, **cfg.reward.fn_by_source}
+    missing = unserved_sources(data_sources, cfg.reward.fn_by_source, cfg.reward.default_fn)
+    if missing:
+        raise ConfigErrors([no_reward_fn_message(src, mapped, where=f" (in {setting})") for src in missing])
 
 
 def _model_spec(path: str):
@@ -374,6 +438,10 @@ def _check_lengths(cfg: RootConfig, spec) -> None:
     if r.max_model_len > spec.max_position_embeddings:
         raise ValueError(f"rollout.max_model_len={r.max_model_len} exceeds the model's "
                          f"max_position_embeddings={spec.max_position_embeddings}; lower it")
+
+
+def _check_generation_lengths(cfg: RootConfig) -> None:
+    r = cfg.rollout
     for key, sampling in (("rollout.sampling", r.sampling), ("rollout.val_sampling", r.val_sampling)):
         needed = cfg.data.max_prompt_length + sampling.max_new_tokens
         if needed > r.max_model_len:
@@ -427,10 +495,14 @@ def _check_multi_turn(cfg: RootConfig, spec) -> None:
 
 
 def _check_batch_sizes(cfg: RootConfig, dp: int) -> None:
-    d, a, n = cfg.data, cfg.actor, cfg.rollout.sampling.n
-    if d.train_batch_size % a.ppo_mini_batch_size != 0:
-        raise ValueError(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
-                         f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}")
+    a, n = cfg.actor, cfg.rollout.sampling.n
     if (a.ppo_mini_batch_size * n) % dp != 0:
         raise ValueError(f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} x rollout.sampling.n={n} "
                          f"must be divisible by the data-parallel size {dp}")
+
+
+def _check_mini_batch(cfg: RootConfig) -> None:
+    d, a = cfg.data, cfg.actor
+    if d.train_batch_size % a.ppo_mini_batch_size != 0:
+        raise ValueError(f"data.train_batch_size={d.train_batch_size} must be a multiple of "
+                         f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}")

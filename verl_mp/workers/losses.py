@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from verl_mp.algo import POLICY_LOSSES, agg_loss, kl_loss, value_loss
-from verl_mp.config.schema import ActorConfig, CriticConfig
+from verl_mp.config.schema import PolicyUpdateConfig, ValueUpdateConfig
 
 
 def _scale_means(metrics: dict, local_tokens: torch.Tensor, global_tokens: float) -> dict:
@@ -22,7 +22,7 @@ def _scale_means(metrics: dict, local_tokens: torch.Tensor, global_tokens: float
     return out
 
 
-def actor_loss(cfg: ActorConfig, global_tokens: float, global_seqs: float, max_len: int):
+def actor_loss(cfg: PolicyUpdateConfig, global_tokens: float, global_seqs: float, max_len: int):
     policy_loss = POLICY_LOSSES[cfg.policy_loss]
     counts = dict(global_num_tokens=global_tokens, global_num_seqs=global_seqs, max_response_len=max_len)
 
@@ -56,7 +56,7 @@ def actor_loss(cfg: ActorConfig, global_tokens: float, global_seqs: float, max_l
     return loss_fn
 
 
-def critic_loss(cfg: CriticConfig, global_tokens: float, global_seqs: float, max_len: int):
+def critic_loss(cfg: ValueUpdateConfig, global_tokens: float, global_seqs: float, max_len: int):
     counts = dict(global_num_tokens=global_tokens, global_num_seqs=global_seqs, max_response_len=max_len)
 
     def loss_fn(outputs: dict, mb: dict):

@@ -72,7 +72,7 @@ class RankWorker:
         if "rollout" in self.roles:  # on a pool of its own, no engine to ask: the model's config
             spec = self.actor.spec if self.actor is not None else rollout_link.model_spec(plan.model_path)
             self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
-                                         record_routing=plan.actor_loss.router_replay == "rollout")
+                                         record_routing=plan.router_replay == "rollout")
         if self.actor is not None and self.rollout is not None:
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,
@@ -173,7 +173,7 @@ class RankWorker:
         if role == "critic":
             result.values = response_values(batch, self.critic.compute_values(ids, mask))
         elif role == "actor":
-            replay = self.plan.actor_loss.router_replay
+            replay = self.plan.router_replay
             routing = batch.routed_experts if replay == "rollout" else None
             if replay == "rollout" and routing is None:
                 raise ValueError("actor.router_replay=rollout: the batch has no routed_experts (the rollout "
@@ -230,10 +230,10 @@ class RankWorker:
         batch.require("old_log_probs", "advantages")
         fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
             + (["rollout_weights"] if batch.rollout_weights is not None else [])
-        if loss_cfg.router_replay != "off":
+        if self.plan.router_replay != "off":
             batch.require("routed_experts")
         metrics.update(train_epochs(self.actor, batch, fields, epochs=loss_cfg.ppo_epochs,
-                                    routing=loss_cfg.router_replay != "off",
+                                    routing=self.plan.router_replay != "off",
                                     mini_batch_size=self.plan.mini_batch_rows, prefix="actor",
                                     make_loss=lambda g, s, t: actor_loss(loss_cfg, g, s, t),
                                     temperature=self.plan.temperature,
