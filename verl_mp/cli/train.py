@@ -83,9 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def train(args) -> int:
     from verl_mp.trainer.run import run
 
+    from verl_mp.utils.logs import Heartbeat
+
     cfg = load_config(args.config_name, args.overrides)
     if not cfg.model.path:
-        cfg = demo_config(cfg, args.config_name)
+        with Heartbeat("preparing the embedded demo (data, tokenizer, warm start)"):
+            cfg = demo_config(cfg, args.config_name)
     return run(cfg, prepare_only=args.prepare_only, verbose=args.verbose)
 
 
