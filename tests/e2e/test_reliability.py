@@ -6,10 +6,11 @@
   (torchrun), stops the run within a bounded time with one message naming the rank and the
   phase; no process of the run is left, no shared-memory segment either;
   ``resume_mode=auto`` then continues exactly.
-- Ctrl-C and SIGTERM finish the step, save it and stop every rank (exit 130); a second
-  Ctrl-C stops at once, without waiting for the checkpoint being written (torchrun: under
-  Ray, SIGTERM to the driver is taken by Ray's own handler, which aborts the driver with
-  SIGABRT, exit -6: not what README promises; reported, not tested here).
+- Ctrl-C and SIGTERM finish the step, save it and stop every rank (exit 130, torchrun and
+  Ray: Ray's own SIGTERM handler, which aborted the driver, is replaced), and summary.md
+  says where the run stopped; a second Ctrl-C stops at once, without waiting for the
+  checkpoint being written, with one console line and no traceback (exit 130, both launchers).
+  Such runs leave nothing in their TMPDIR (Ray's session dir, torchelastic_*, pymp-*).
 
 "Continues exactly" is checked on what the resumed run itself did, not only on the metrics
 rows keyed by step (a silent fresh start re-runs the same deterministic steps and would

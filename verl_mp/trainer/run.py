@@ -61,7 +61,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
     started = time.monotonic()
     logs = [os.path.join(out_dir, "logs", name) for name in ("driver.log", RANKS_LOG)]
     with StopOnSignal(lambda: request_stop(out_dir)) as stop, RunTempDir() as tmp, \
-            Heartbeat("starting the run and its processes", logs) as heartbeat:
+            Heartbeat("still working", logs) as heartbeat:  # start-up, a resume, a long step
         try:
             if cfg.trainer.launcher == "torchrun":
                 _run_torchrun(cfg, config_path, verbose)

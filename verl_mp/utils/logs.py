@@ -117,7 +117,8 @@ def last_line(paths: list[str], max_chars: int = 160) -> str:
     with open(max(found)[1], "rb") as f:
         f.seek(max(0, os.path.getsize(f.name) - 8192))
         tail = f.read().decode(errors="replace")
-    lines = [part.strip() for line in tail.splitlines() for part in line.split("\r")[-1:] if part.strip()]
+    lines = [[part.strip() for part in line.split("\r") if part.strip()] for line in tail.split("\n")]
+    lines = [parts[-1] for parts in lines if parts]  # a progress bar's last state
     if not lines:
         return ""
     text = lines[-1]
