@@ -223,7 +223,7 @@ def test_sigterm_saves_the_step_and_stops_every_rank(tiny_run_inputs, tmp_path, 
     assert (out / "checkpoints" / saved[-1] / "meta.json").exists()
     assert [r["step"] for r in read_jsonl(str(out / "metrics.jsonl"))] == list(range(0, step + 1))
     assert f"- interrupted: stopped at step {step} of 3" in (out / "summary.md").read_text()
-    assert f"stopped at step {step} of 3 in " in console_lines(console)[-2], console[-3000:]  # then "stopped on request"
+    assert f"run: stopped at step {step} of 3 in " in console_lines(console)[-1], console[-3000:]  # the last line
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "ray"])
@@ -232,14 +232,17 @@ def test_second_ctrl_c_stops_at_once(tiny_run_inputs, tmp_path, launcher):
     being written (its commit held back by VERL_MP_CKPT_COMMIT_DELAY_S=120), stops the run at
     once: the driver exits long before the commit would have happened (exit 130), every rank
     with it, and the half-written checkpoint never looks complete. The console gets one line
-    about it, no traceback. Under Ray the second Ctrl-C comes 0.5 s after the first too."""
+    about it, no traceback. Under Ray the second Ctrl-C comes 0.5 s after the first instead
+    (issue 44: it was ignored then, and the run saved and stopped 10 s later)."""
     out = tmp_path / "twice"
     proc = _cli(_args(tiny_run_inputs, out, steps=3, launcher=launcher) + ["trainer.save_freq=0"],
                 env={"VERL_MP_CKPT_COMMIT_DELAY_S": "120"})
     _wait_for_step(proc, out, 1)
     os.kill(proc.pid, signal.SIGINT)
     deadline = time.time() + 300
-    while not any((out / "checkpoints").glob(".tmp_global_step_*/trainer_state.json")):
+    if launcher == "ray":  # as issue 44 saw it: 0.5 s after the first (it was ignored)
+        time.sleep(0.5)
+    while launcher == "torchrun" and not any((out / "checkpoints").glob(".tmp_global_step_*/trainer_state.json")):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.2)
     second = time.time()

@@ -74,11 +74,10 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
             procs.reap_run(run_id)  # what the ranks left (a killed rank's children)
             procs.end_run()
             shm.sweep_stale()  # what ranks that died could not release
-    _finish(cfg, started, stopped=stop.requested)
     if stop.requested:
         logger.warning("stopped on request; trainer.resume_mode=auto continues from the checkpoint in %s", out_dir)
-        return 130
-    return 0
+    _finish(cfg, started, stopped=stop.requested)  # the console's last line
+    return 130 if stop.requested else 0
 
 
 RANKS_LOG = "ranks.log"
