@@ -25,7 +25,6 @@ def test_demo_reward_rises(tmp_path, tmp_path_factory, monkeypatch):
     printed = (proc.stdout + proc.stderr).splitlines()
     assert len(printed) <= 60, "\n".join(printed)  # quiet by default, warm start included
     assert longest_silence_s(proc.stderr) <= 22, proc.stderr  # a line every 15 s (the warm start's too)
-    print("\n".join(printed[:12]))
     steps = {r["step"]: r for r in read_jsonl(str(out / "metrics.jsonl"))}
     assert set(steps) == set(range(11))
     # The warm start ends most answers with a period, which arith_exact scores 0; GRPO

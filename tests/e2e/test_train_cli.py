@@ -130,7 +130,9 @@ def test_resume_continues_exactly(grpo_runs, tiny_run_inputs, tmp_path):
     shutil.rmtree(out / "checkpoints" / "global_step_2")
     rows_before = (out / "metrics.jsonl").read_text().splitlines()
     first_log = run_log(out)
-    run_cli(_grpo_args(tiny_run_inputs, out, "torchrun"))
+    proc = run_cli(_grpo_args(tiny_run_inputs, out, "torchrun"))
+    assert resumed_from(proc.stderr) == {("global_step_1", 1)}  # on the console too
+    assert proc.stderr.count("resuming from ") == 1, proc.stderr  # rank 0's
     resumed = run_log(out, start=len(first_log.encode()))
     assert resumed_from(resumed) == {("global_step_1", 1)}, resumed[-3000:]
     assert steps_logged(resumed) == [2], resumed[-3000:]
