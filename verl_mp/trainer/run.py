@@ -201,7 +201,7 @@ def _run_ray(cfg, plan, stop, verbose: bool, temp_dir: str) -> None:
         follower.stop()
 
 
-def _init_ray(cfg, plan, verbose: bool, temp_dir: str, ranks_log: str) -> None:
+def _init_ray(cfg, plan, verbose: bool, temp_dir: str | None = None, ranks_log: str | None = None) -> None:
     """Join the cluster at RAY_ADDRESS, or start a local Ray with a CPU per rank of every pool.
 
     A local Ray serves on this machine's routable address (Ray binds no loopback-only mode),
@@ -220,8 +220,9 @@ def _init_ray(cfg, plan, verbose: bool, temp_dir: str, ranks_log: str) -> None:
 
     from verl_mp.workers.ray_group import RANK_LOG_ENV
 
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id(),
-                                RANK_LOG_ENV: os.path.abspath(ranks_log)}}
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
+    if ranks_log:
+        runtime_env["env_vars"][RANK_LOG_ENV] = os.path.abspath(ranks_log)
     level = logging.INFO if verbose else logging.WARNING
     auth_mode = os.environ.get("RAY_AUTH_MODE", "").lower()
     if os.environ.get("RAY_ADDRESS"):
@@ -248,7 +249,7 @@ def _init_ray(cfg, plan, verbose: bool, temp_dir: str, ranks_log: str) -> None:
     ranks = sum(g.world_size for g in plan.groups.values())
     ray.init(address="local", num_cpus=max(ranks, os.cpu_count() or 1), include_dashboard=False,
              log_to_driver=False, logging_level=level, runtime_env=runtime_env,
-             _temp_dir=temp_dir)
+             **({"_temp_dir": temp_dir} if temp_dir else {}))
 
 
 def _finish(cfg, started: float | None = None, stopped: bool = False) -> None:
