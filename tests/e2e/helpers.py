@@ -29,9 +29,9 @@ def base_overrides(inputs: dict, out_dir: Path, launcher: str, steps: int = 2) -
     ]
 
 
-def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "verl_mp", "train", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
     return proc
@@ -57,3 +57,40 @@ def resumed_from(log: str) -> set[tuple[str, int]]:
     """(checkpoint directory name, step) of every ``resuming from ... (step N)`` line."""
     found = re.findall(r"resuming from (\S+) \(step (\d+)\)", log)
     return {(os.path.basename(path), int(step)) for path, step in found}
+
+
+def fresh_tmpdir() -> Path:
+    """An empty ``TMPDIR`` for one run (Ray, torchrun and multiprocessing put their files in
+    ``TMPDIR``): `left_in_tmpdir` then says what the run left there. Short, in /tmp: Ray's
+    sockets go below it (the run's temp dir falls back to /tmp under a long TMPDIR)."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="vmpt-", dir="/tmp"))
+
+
+def left_in_tmpdir(path: Path) -> list[str]:
+    """What a run left in its `fresh_tmpdir`: everything but this user's per-user record
+    directories (run locks, shared-memory records: kept for later runs), which must be empty.
+    The directory is removed."""
+    import shutil
+
+    left = []
+    for entry in sorted(path.iterdir()):
+        keep = entry.name in (f"verl_mp-runs-{os.getuid()}", f"verl_mp-shm-{os.getuid()}")
+        if not keep or any(entry.iterdir()):
+            left.append(entry.name + (f" ({sorted(p.name for p in entry.iterdir())})" if entry.is_dir() else ""))
+    shutil.rmtree(path, ignore_errors=True)
+    return left
+
+
+def console_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def longest_silence_s(stderr: str) -> float:
+    """The longest time between two timestamped console lines (``2026-12-05 14:35:42,123``)."""
+    from datetime import datetime
+
+    stamps = [datetime.strptime(m, "%Y-%m-%d %H:%M:%S,%f")
+              for m in re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", stderr, re.M)]
+    return max(((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])), default=0.0)

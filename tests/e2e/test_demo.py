@@ -11,7 +11,7 @@ import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import run_cli
+from .helpers import longest_silence_s, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -24,6 +24,7 @@ def test_demo_reward_rises(tmp_path, tmp_path_factory, monkeypatch):
                     "trainer.save_final=false", "trainer.export_hf_at_end=false"])
     printed = (proc.stdout + proc.stderr).splitlines()
     assert len(printed) <= 60, "\n".join(printed)  # quiet by default, warm start included
+    assert longest_silence_s(proc.stderr) <= 22, proc.stderr  # a line every 15 s (the warm start's too)
     steps = {r["step"]: r for r in read_jsonl(str(out / "metrics.jsonl"))}
     assert set(steps) == set(range(11))
     # The warm start ends most answers with a period, which arith_exact scores 0; GRPO

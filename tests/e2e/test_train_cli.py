@@ -7,13 +7,15 @@ checked after every sync and an exact resume.
 
 import json
 import math
+import re
 import shutil
 
 import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import base_overrides, resumed_from, run_cli, run_log, steps_logged
+from .helpers import (base_overrides, console_lines, fresh_tmpdir, left_in_tmpdir, longest_silence_s, resumed_from,
+                      run_cli, run_log, steps_logged)
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +54,9 @@ def grpo_runs(tiny_run_inputs, tmp_path_factory):
     def get(launcher):
         if launcher not in runs:
             out = tmp_path_factory.mktemp("grpo") / launcher
-            runs[launcher] = out, run_cli(_grpo_args(tiny_run_inputs, out, launcher))
+            tmp = fresh_tmpdir()
+            runs[launcher] = out, run_cli(_grpo_args(tiny_run_inputs, out, launcher), env={"TMPDIR": str(tmp)})
+            runs[launcher][1].left_in_tmpdir = left_in_tmpdir(tmp)
         return runs[launcher]
 
     return get
@@ -66,6 +70,18 @@ def test_grpo(grpo_runs, launcher):
     printed = (proc.stdout + proc.stderr).splitlines()
     assert len(printed) <= 60, "\n".join(printed)
     assert (out / "logs" / "driver.log").stat().st_size > 0
+    # every rank's full output in the run directory (Ray too: not in Ray's session dir): vLLM's lines
+    assert re.search(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[\w+\.py:\d+\] ", run_log(out)), \
+        run_log(out)[-3000:]
+    # the console never silent for long (start-up: a line every 15 s), each line once (a
+    # warning of the SPMD loop is not repeated per rank), a short human last line
+    assert longest_silence_s(proc.stderr) <= 22, proc.stderr
+    timestampless = [line.split(" ", 2)[-1] for line in console_lines(proc.stderr)]
+    assert len(timestampless) == len(set(timestampless)), proc.stderr
+    last = console_lines(proc.stderr)[-1]
+    assert re.search(r"run: done: step 2 of 2 in .*; report: .*summary\.md$", last) and len(last) < 250, last
+    # nothing left in the temp dir: Ray's session dir, torchelastic_*, pymp-*
+    assert not proc.left_in_tmpdir, proc.left_in_tmpdir
     steps = _steps(out)
     assert set(steps) >= {0, 1, 2}
     for key in REQUIRED + ["actor/kl_loss", "actor/entropy", "val/accuracy"]:
@@ -114,7 +130,9 @@ def test_resume_continues_exactly(grpo_runs, tiny_run_inputs, tmp_path):
     shutil.rmtree(out / "checkpoints" / "global_step_2")
     rows_before = (out / "metrics.jsonl").read_text().splitlines()
     first_log = run_log(out)
-    run_cli(_grpo_args(tiny_run_inputs, out, "torchrun"))
+    proc = run_cli(_grpo_args(tiny_run_inputs, out, "torchrun"))
+    assert resumed_from(proc.stderr) == {("global_step_1", 1)}  # on the console too
+    assert proc.stderr.count("resuming from ") == 1, proc.stderr  # rank 0's
     resumed = run_log(out, start=len(first_log.encode()))
     assert resumed_from(resumed) == {("global_step_1", 1)}, resumed[-3000:]
     assert steps_logged(resumed) == [2], resumed[-3000:]

@@ -180,7 +180,7 @@ def test_cli_refuses_a_stale_output_dir_before_anything_starts(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "global_step_4 was written by a different run" in err and "actor.optim.lr: 0.5" in err
     assert "trainer.resume_mode=disable" in err
-    monkeypatch.setattr(trainer_run, "_finish", lambda cfg, started=None: None)
-    monkeypatch.setattr(trainer_run, "_run_ray", lambda cfg, plan, stop: None)
+    monkeypatch.setattr(trainer_run, "_finish", lambda cfg, started=None, stopped=False: None)
+    monkeypatch.setattr(trainer_run, "_run_ray", lambda cfg, plan, stop, verbose, temp_dir: None)
     monkeypatch.setattr("verl_mp.utils.launch.launch_local", lambda *a, **k: None)
     assert cli_main(["train", "--config-name", "grpo", *args, "trainer.resume_mode=disable"]) == 0

@@ -11,7 +11,7 @@ import importlib
 import json
 import sys
 
-from verl_mp.utils.errors import RunFailed
+from verl_mp.utils.errors import RunFailed, StopNow
 from verl_mp.utils.logs import setup_logging
 
 # Modules that contribute subcommands, in help order. Each exposes add_subcommands().
@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as exc:  # the processes' own error, last and once (the log has the rest)
         print(f"verl-mp {args.command}: run failed: {exc}", file=sys.stderr)
         return 1
+    except StopNow as exc:  # a second Ctrl-C: the run's processes are ended; one line, no traceback
+        print(f"verl-mp {args.command}: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C before any process of a run started (preflight, a warm start)
+        print(f"verl-mp {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -75,6 +75,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if os.environ.get("RANK", "0") != "0":
+        from verl_mp.utils.logs import NotRankZeroWarnings
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(NotRankZeroWarnings())
     run(p.parse_args().config)
     _exit_now()
 

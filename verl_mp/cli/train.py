@@ -86,6 +86,7 @@ def train(args) -> int:
     find them), then the demo's warm start if needed, then the run (which checks the rest)."""
     from verl_mp.trainer.run import run
     from verl_mp.trainer.setup import config_errors
+    from verl_mp.utils.logs import Heartbeat
 
     cfg, errors = load_config_checked(args.config_name, args.overrides)
     if cfg is not None:
@@ -95,7 +96,8 @@ def train(args) -> int:
     if errors:
         raise ConfigErrors(errors)
     if not cfg.model.path:
-        cfg = demo_config(cfg, args.config_name)
+        with Heartbeat("preparing the embedded demo (data, tokenizer, warm start)"):
+            cfg = demo_config(cfg, args.config_name)
     return run(cfg, prepare_only=args.prepare_only, verbose=args.verbose)
 
 

@@ -44,7 +44,7 @@ from verl_mp.trainer.resume_check import (
 )
 from verl_mp.trainer.rollout_source import Generation, RolloutSource
 from verl_mp.trainer.setup import RunInputs
-from verl_mp.trainer.tracking import Progress, StepTimer, Tracker
+from verl_mp.trainer.tracking import Progress, StepTimer, Tracker, console_logger
 from verl_mp.utils.fs import disk_full_error
 from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
 
@@ -345,7 +345,8 @@ class RLTrainer:
         step, path = found
         # A checkpoint of another run (an old output dir) must not be continued silently.
         check_resume(path, self.cfg, explicit=self.cfg.trainer.resume_mode != "auto")
-        logger.info("resuming from %s (step %d)", path, step)
+        # on the console too (rank 0's: the progress logger), not only in the logs
+        (console_logger if self.rank == 0 else logger).info("resuming from %s (step %d)", path, step)
         self.workers.load_checkpoint(path)
         with open(os.path.join(path, "trainer_state.json")) as f:
             state = json.load(f)

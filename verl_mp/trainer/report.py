@@ -97,6 +97,8 @@ def render_markdown(summary: dict, curves: Sequence[str]) -> str:
         lines.append("")
     span = f" (steps {summary['steps'][0]}-{summary['steps'][1]})" if "steps" in summary else ""
     lines.append(f"- training steps: {summary['num_steps']}{span}")
+    if summary.get("stopped"):
+        lines.append(f"- interrupted: {stopped_line(summary)}")
     if "total_time_s" in summary:
         lines.append(f"- time in training steps: {_format_duration(summary['total_time_s'])} (start-up, "
                      "validation and checkpoints not counted)")
@@ -109,6 +111,34 @@ def render_markdown(summary: dict, curves: Sequence[str]) -> str:
             f"({summary['val_accuracy_gain_pp']:+.1f} pp)"
         )
     return "\n".join(lines) + "\n"
+
+
+def stopped_line(summary: dict) -> str:
+    """``stopped at step 3 of 8 (Ctrl-C or SIGTERM); resume_mode=auto continues``."""
+    last = summary["steps"][1] if "steps" in summary else 0
+    of = f" of {summary['total_steps']}" if summary.get("total_steps") else ""
+    return f"stopped at step {last}{of} (Ctrl-C or SIGTERM); trainer.resume_mode=auto continues from its checkpoint"
+
+
+def console_summary(summary: dict, out_dir: str) -> str:
+    """The run's last console line, for a person: what it did, how long, where the report is
+    (the numbers in full: summary.md, metrics.jsonl)."""
+    last = summary["steps"][1] if "steps" in summary else 0
+    total = summary.get("total_steps")
+    head = f"stopped at step {last} of {total}" if summary.get("stopped") else f"done: step {last}"
+    if total and not summary.get("stopped"):
+        head += f" of {total}"
+    parts = [head]
+    if "wall_time_s" in summary:
+        parts.append(f"in {_format_duration(summary['wall_time_s'])}")
+    text = " ".join(parts)
+    if VAL_ACCURACY_KEY in summary:
+        acc = summary[VAL_ACCURACY_KEY]
+        text += f"; val accuracy {100 * acc['first']:.1f}% -> {100 * acc['last']:.1f}%"
+    elif "reward/score/mean" in summary:
+        score = summary["reward/score/mean"]
+        text += f"; reward {score['first']:.3g} -> {score['last']:.3g}"
+    return f"{text}; report: {os.path.join(out_dir, 'summary.md')}"
 
 
 def plot_curves(records: list[dict], curves: Sequence[str], path: str) -> None:
@@ -136,18 +166,24 @@ def plot_curves(records: list[dict], curves: Sequence[str], path: str) -> None:
 
 
 def write_report(
-    metrics_jsonl: str, out_dir: str, curves: Sequence[str] = DEFAULT_CURVES, wall_time_s: float | None = None
+    metrics_jsonl: str, out_dir: str, curves: Sequence[str] = DEFAULT_CURVES, wall_time_s: float | None = None,
+    total_steps: int | None = None, stopped: bool = False,
 ) -> dict:
     """Write ``<out_dir>/curves.png`` and ``<out_dir>/summary.md``; return the summary.
 
     Returns e.g. ``{"val/accuracy": {"first", "last", "best", "*_step"}, "num_steps",
-    "total_time_s" (when timing/step_s was logged), "val_accuracy_gain_pp"}``.
+    "total_time_s" (when timing/step_s was logged), "val_accuracy_gain_pp"}``, plus
+    ``total_steps`` and ``stopped`` (a run stopped on request) when given.
     """
     records = merge_by_step(read_jsonl(metrics_jsonl))
     os.makedirs(out_dir, exist_ok=True)
     summary = summarize(records, curves)
     if wall_time_s is not None:
         summary["wall_time_s"] = wall_time_s
+    if total_steps is not None:
+        summary["total_steps"] = total_steps
+    if stopped:
+        summary["stopped"] = True  # on request (Ctrl-C, SIGTERM): summary.md says where
     plot_curves(records, curves, os.path.join(out_dir, "curves.png"))
     with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
         f.write(render_markdown(summary, curves))

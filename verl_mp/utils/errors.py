@@ -47,3 +47,11 @@ class ErrorCollector:
     def raise_if_any(self) -> None:
         if self.messages:
             raise ConfigErrors(self.messages)
+
+
+class StopNow(KeyboardInterrupt):
+    """A second Ctrl-C (or SIGTERM) while a run stops: end it at once, without the step's
+    checkpoint. A KeyboardInterrupt: no ``except Exception`` on the way holds it up, and
+    Ray's blocking calls, which run signal handlers, pass only a KeyboardInterrupt on (as a
+    plain one: the driver re-raises it as StopNow). ``finally`` blocks still end the run's
+    processes. The command line reports it in one line (exit 130)."""

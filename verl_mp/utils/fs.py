@@ -201,8 +201,14 @@ class UnsafePathError(ValueError):
     change (a ValueError: the message names the path and the fix)."""
 
 
+SHARED_TMPDIR_ENV = "VERL_MP_SHARED_TMPDIR"
+"""The temp dir of the machine's runs, where `private_dir` puts this user's shared records
+(run locks, shared-memory records): a run's processes get a ``TMPDIR`` of the run's own
+(`verl_mp.trainer.run.RunTempDir`), and keep finding the shared records through this."""
+
+
 def private_dir(name: str) -> str:
-    """``<tmp>/<name>-<uid>`` (``tempfile.gettempdir()``: ``TMPDIR`` or ``/tmp``), created
+    """``<tmp>/<name>-<uid>`` (`SHARED_TMPDIR_ENV`, else ``tempfile.gettempdir()``: ``TMPDIR`` or ``/tmp``), created
     mode 0700 when missing.
 
     ``/tmp`` is shared: another user can create that name first, as a directory of theirs
@@ -212,7 +218,7 @@ def private_dir(name: str) -> str:
     naming the path and the fix. Nobody else can rename or remove a directory of ours in a
     sticky ``/tmp``, so the path stays what was checked.
     """
-    path = os.path.join(tempfile.gettempdir(), f"{name}-{os.getuid()}")
+    path = os.path.join(os.environ.get(SHARED_TMPDIR_ENV) or tempfile.gettempdir(), f"{name}-{os.getuid()}")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

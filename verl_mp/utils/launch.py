@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from verl_mp.utils.logs import note_console
+
 logger = logging.getLogger(__name__)
 
 CPU_RANKS_PER_CORE = 4
@@ -150,6 +152,7 @@ class _tee:
                 log.flush()
                 if self.console_filter is None or self.console_filter(line):
                     sys.stderr.write(line)
+                    note_console()
 
     def finish(self) -> str:
         self.thread.join(timeout=30)

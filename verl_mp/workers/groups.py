@@ -139,9 +139,14 @@ class WorkerGroups:
         self.round_trips, self.sent_bytes = 0, {}
         return out
 
-    def shutdown(self) -> None:
+    def shutdown(self, at_once: bool = False) -> None:
+        """``at_once``: without letting the ranks close first (a second Ctrl-C; what they leave
+        is swept by the driver)."""
         for group in self.groups.values():
-            group.shutdown()
+            if at_once:
+                group.shutdown(close_timeout_s=0.0)
+            else:
+                group.shutdown()
 
     # -- fan-out -------------------------------------------------------------------------------
     def _call(self, roles: list[str], method, *args) -> list:

@@ -33,6 +33,10 @@ from verl_mp.workers.groups import WorkerError
 
 logger = logging.getLogger(__name__)
 
+RANK_LOG_ENV = "VERL_MP_RANK_LOG"
+"""Where each rank's actor appends its full output (stdout and stderr: vLLM, Megatron, its
+children's): the run directory's ``logs/ranks.log``, as under torchrun (`redirect_output`)."""
+
 PLACEMENT_TIMEOUT_S = 600.0
 """How long a pool may wait for Ray to find nodes for it before start-up fails."""
 
@@ -44,6 +48,10 @@ def _actor_class():
     class _RankActor:
         def __init__(self, rank: int, world: int, local_rank: int):
             self.rank, self.world, self.local_rank, self.worker = rank, world, local_rank, None
+            redirect_output(os.environ.get(RANK_LOG_ENV))
+            from verl_mp.utils.logs import FORMAT
+
+            logging.basicConfig(level=logging.INFO, format=FORMAT)  # as torchrun's ranks log
 
         def address(self) -> tuple[str, int]:
             from ray.util import get_node_ip_address
@@ -143,6 +151,24 @@ class RayWorkerGroup:
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)
+
+
+def redirect_output(path: str | None) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2: C++ and child
+    processes' output too) to ``path``, appending; a no-op without a path. Ray's session
+    directory, where they went, is temporary. On another node of a cluster the path is that
+    node's own (its directory is created)."""
+    if not path:
+        return
+    import sys
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _large(arg) -> bool:
