@@ -16,12 +16,18 @@ kv_lora_rank 512 + qk_rope_head_dim 64) and the YaRN rope above. At (TP, EP, exp
 equal the engine's within 1e-4 before and after an optimizer step + sync, the step reached
 vLLM, and after the sync every parameter vLLM holds equals, bit for bit, what vLLM's own loader
 builds from the engine's HF export of the same weights.
+
+Without vLLM (tests/dist/progs/moe_sync.py), at the layouts that need more ranks than a vLLM
+run allows here, PP2 x EP2 and TP2 x EP2 x expert-TP2: the gather sync's stream, in 10 KB
+buckets (PP broadcasts, EP broadcasts, TP and expert-TP gathers), is the checkpoint bit for bit
+on every rank, within its memory bound.
 """
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,3 +84,16 @@ def test_sync_into_vllm_equals_vllm_loader_and_log_probs(vllm_model, tmp_path, l
     assert r["changed"] > 1e-2, r  # the step reached vLLM
     assert r["loader_unequal_params"] == 0 and not r["loader_names_differ"] and r["loader_params_compared"] > 20, r
     assert r["loader_max_abs_diff"] == 0.0, r
+
+
+@pytest.mark.parametrize("layout", [["--pp", 2, "--ep", 2], ["--tp", 2, "--ep", 2, "--etp", 2]],
+                         ids=["pp2_ep2", "tp2_ep2_etp2"])
+def test_gather_sync_rebuilds_the_checkpoint_at_other_layouts(tmp_path, layout):
+    build_tiny_checkpoint("deepseek_v3", tmp_path / "deepseek_v3", rope_scaling=YARN, max_position_embeddings=2560)
+    out = tmp_path / "r.json"
+    launch_local(str(Path(__file__).parent / "progs" / "moe_sync.py"), 4,
+                 [*layout, "--kinds", "deepseek_v3", "--models", tmp_path, "--out", out],
+                 module=False, timeout_s=600, capture_output=True, env={"VERL_MP_MAX_CPU_RANKS": "8"})
+    for rank, r in enumerate(json.loads(out.read_text())["deepseek_v3"]):
+        assert r["gather_equals_checkpoint"] and r["gather_peak_ok"] and r["gather_buckets"] > 20, (rank, r)
+        assert r["ep_broadcast_bytes"] > 0, (rank, r)
