@@ -25,7 +25,8 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
     Accepts both the transformers-5 layout (``rope_parameters``) and the 4.x one
     (``rope_theta`` + ``rope_scaling``). Raises ValueError naming ``source`` and the field
     for anything unsupported (unknown architecture, non-SiLU activation, biases the
-    megatron layout cannot hold, per-layer sliding windows, YaRN/dynamic rope, ...).
+    megatron layout cannot hold, per-layer sliding windows, dynamic rope, YaRN outside
+    multi-latent attention, ...).
     """
     d = _as_dict(hf_config)
     archs = d.get("architectures") or []
