@@ -8,7 +8,7 @@ from verl_mp.planner.known_models import MODEL_CONFIGS
 
 PUBLISHED_PARAMS = {  # the parameter counts the model cards state
     "Qwen2-1.5B": 1.54e9, "Qwen2.5-7B": 7.61e9, "Qwen3-32B": 32.8e9, "Llama-3.1-70B": 70.6e9,
-    "Qwen3-30B-A3B": 30.5e9, "Qwen3-235B-A22B": 235e9,
+    "Qwen3-30B-A3B": 30.5e9, "Qwen3-235B-A22B": 235e9, "DeepSeek-V3": 671e9, "Kimi-K2": 1.03e12,
 }
 
 

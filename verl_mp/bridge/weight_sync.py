@@ -422,6 +422,10 @@ def _agree(reason: str | None) -> str | None:
 
 
 def _local_blocker(spec: GPTSpec, state: ParallelState, rollout, experts: ExpertLayout | None) -> str | None:
+    if spec.mla is not None:
+        # vLLM fuses q_a_proj with kv_a_proj_with_mqa (fused_qkv_a_proj) and keeps kv_b_proj whole per
+        # head slice; bridge.vllm_layout has no rank-local rules for them: vLLM's loader places HF tensors
+        return "multi-latent attention has no rank-local vLLM layout yet (vLLM's loader takes the HF tensors)"
     if not hasattr(rollout, "param_shapes"):
         return f"the {type(rollout).__name__} backend loads HF tensors only"
     if rollout.tp_size != state.tp_size:

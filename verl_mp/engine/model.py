@@ -103,12 +103,18 @@ def mla_config_kwargs(spec: GPTSpec) -> dict:
     if spec.mla is None:
         return {}
     m = spec.mla
+    if m.yarn is None:
+        # a scaling factor of 1 makes megatron's softmax scale 1/sqrt(q_head_dim), as HF's without YaRN
+        rope = dict(rope_type="rope", rotary_scaling_factor=1.0)
+    else:  # megatron's YarnRotaryEmbedding and MLA softmax scale (hf_config maps HF's parameters onto them)
+        y = m.yarn
+        rope = dict(rope_type="yarn", rotary_scaling_factor=y.factor,
+                    original_max_position_embeddings=y.original_max_position_embeddings,
+                    beta_fast=y.beta_fast, beta_slow=y.beta_slow, mscale=y.mscale, mscale_all_dim=y.mscale_all_dim)
     return dict(
         multi_latent_attention=True, q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank,
         qk_head_dim=m.qk_nope_head_dim, qk_pos_emb_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim,
-        # Plain RoPE (hf_config refuses scaled rope for MLA); a scaling factor of 1 makes
-        # megatron's softmax scale 1/sqrt(q_head_dim), as HF's without YaRN.
-        rope_type="rope", rotary_base=spec.rotary_base, rotary_scaling_factor=1.0,
+        rotary_base=spec.rotary_base, **rope,
         # megatron's local MLA spec adds the q/kv latent norms only with qk_layernorm.
         qk_layernorm=True,
     )
@@ -166,7 +172,7 @@ def _finish_chunk(chunk, spec: GPTSpec, config) -> None:
     # Multi-latent attention has one rotary embedding per layer, over the rope dimension.
     if spec.mla is None:
         chunk.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
-    else:
+    elif spec.mla.yarn is None:  # megatron's YarnRotaryEmbedding computes its own frequencies
         for layer in chunk.decoder.layers:
             layer.self_attention.rotary_pos_emb.inv_freq = rope_inv_freq(spec)
     if spec.value_head and chunk.post_process:

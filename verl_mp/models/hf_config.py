@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_mp.models.registry import Architecture, get_architecture
-from verl_mp.models.spec import GPTSpec, MLASpec, MoESpec
+from verl_mp.models.spec import GPTSpec, MLASpec, MoESpec, YarnSpec
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -25,7 +25,8 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
     Accepts both the transformers-5 layout (``rope_parameters``) and the 4.x one
     (``rope_theta`` + ``rope_scaling``). Raises ValueError naming ``source`` and the field
     for anything unsupported (unknown architecture, non-SiLU activation, biases the
-    megatron layout cannot hold, per-layer sliding windows, YaRN/dynamic rope, ...).
+    megatron layout cannot hold, per-layer sliding windows, dynamic rope, YaRN outside
+    multi-latent attention, ...).
     """
     d = _as_dict(hf_config)
     archs = d.get("architectures") or []
@@ -37,7 +38,7 @@ def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:
                          f"(expected {arch.model_type!r})")
     _check_unsupported(d, arch, source)
     mla = _mla_spec(d, arch, source)
-    rope = _rope_settings(d, source)
+    rope = _rope_settings(d, source, yarn_ok=mla is not None)
     heads = d["num_attention_heads"]
     return GPTSpec(
         num_layers=d["num_hidden_layers"],
@@ -136,14 +137,10 @@ def _mla_spec(d: dict, arch: Architecture, source: str) -> MLASpec | None:
     """Multi-latent attention dimensions; refuses the layouts megatron's MLA computes differently."""
     if not arch.mla:
         return None
-    _, rope_type = _rope_params(d)
-    if rope_type != "default":
-        # DeepSeek-V3 checkpoints ship YaRN (factor 40, mscale); megatron's YaRN for MLA is not
-        # verified against HF's here, and a wrong long-context rope would pass short-sequence checks.
+    params, rope_type = _rope_params(d)
+    if rope_type not in ("default", "yarn"):
         raise ValueError(f"{source}: rope type {rope_type!r} (rope_scaling/rope_parameters) is not supported "
-                         f"for multi-latent attention; only plain RoPE is. Set rope_scaling to null and "
-                         f"rope_parameters.rope_type to 'default' only if the model was trained without "
-                         f"scaling (for a YaRN-extended checkpoint that changes its long-context behaviour)")
+                         f"for multi-latent attention; only plain RoPE and 'yarn' (DeepSeek-V3's) are")
     if not d.get("rope_interleave", True):
         raise ValueError(f"{source}: rope_interleave=false is not supported (megatron's multi-latent "
                          f"attention rotates interleaved pairs); use a checkpoint with rope_interleave=true")
@@ -152,7 +149,34 @@ def _mla_spec(d: dict, arch: Architecture, source: str) -> MLASpec | None:
                          f"num_attention_heads for multi-latent attention")
     return MLASpec(q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d["kv_lora_rank"],
                    qk_nope_head_dim=d["qk_nope_head_dim"], qk_rope_head_dim=d["qk_rope_head_dim"],
-                   v_head_dim=d["v_head_dim"])
+                   v_head_dim=d["v_head_dim"],
+                   yarn=_yarn_spec(d, params, source) if rope_type == "yarn" else None)
+
+
+def _yarn_spec(d: dict, params: dict, source: str) -> YarnSpec:
+    """HF's YaRN (transformers' ``_compute_yarn_parameters`` and DeepSeek-V3's softmax
+    ``yarn_apply_mscale``) as megatron's MLA computes it, refusing what megatron computes otherwise."""
+    if params.get("factor") is None:
+        raise ValueError(f"{source}: rope_scaling type 'yarn' needs 'factor' (DeepSeek-V3: 40)")
+    if params.get("attention_factor") is not None:
+        raise ValueError(f"{source}: rope_scaling.attention_factor is not supported for multi-latent attention "
+                         f"(megatron derives it from factor, mscale and mscale_all_dim); remove it")
+    if params.get("truncate", True) is False:
+        raise ValueError(f"{source}: rope_scaling.truncate=false is not supported (megatron rounds YaRN's "
+                         f"correction range to whole dimensions); remove it")
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if mscale_all_dim and not mscale:
+        raise ValueError(f"{source}: rope_scaling.mscale_all_dim={mscale_all_dim} with mscale={mscale!r} is not "
+                         f"supported (HF then scales cos/sin by m(factor) alone, megatron by "
+                         f"m(factor, mscale) / m(factor, mscale_all_dim)); set mscale")
+    if not (mscale and mscale_all_dim):
+        # HF: cos/sin times m(factor, 1), softmax unscaled; megatron computes the same with (1, 0)
+        mscale, mscale_all_dim = 1.0, 0.0
+    return YarnSpec(factor=float(params["factor"]),
+                    original_max_position_embeddings=int(params.get("original_max_position_embeddings")
+                                                         or d.get("max_position_embeddings", 4096)),
+                    beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                    mscale=float(mscale), mscale_all_dim=float(mscale_all_dim))
 
 
 def _check_unsupported(d: dict, arch: Architecture, source: str) -> None:
@@ -191,9 +215,10 @@ def _rope_params(d: dict) -> tuple[dict, str]:
     return params, params.get("rope_type", params.get("type", "default"))
 
 
-def _rope_settings(d: dict, source: str) -> dict:
+def _rope_settings(d: dict, source: str, yarn_ok: bool = False) -> dict:
+    """``yarn_ok``: multi-latent attention, whose YaRN parameters `_mla_spec` reads."""
     params, rope_type = _rope_params(d)
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in SUPPORTED_ROPE_TYPES and not (yarn_ok and rope_type == "yarn"):
         raise ValueError(f"{source}: rope type {rope_type!r} is not supported; supported: "
                          f"{SUPPORTED_ROPE_TYPES}")
     if params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) != 1.0:

@@ -58,6 +58,26 @@ class MoESpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class YarnSpec:
+    """YaRN rope scaling as DeepSeek-V2/V3 use it (HF ``rope_scaling`` ``type: yarn``).
+
+    Inverse frequencies blend ``1 / base^(2i/d)`` (kept for fast-rotating dimensions, above
+    ``beta_fast`` rotations over ``original_max_position_embeddings``) and the same divided by
+    ``factor`` (below ``beta_slow`` rotations), linearly in between (the correction range
+    rounded outwards to whole dimensions). cos/sin are multiplied by
+    ``m(factor, mscale) / m(factor, mscale_all_dim)`` and the softmax scale by
+    ``m(factor, mscale_all_dim)^2``, with ``m(s, a) = 0.1 a ln s + 1`` (1 for ``s <= 1``).
+    """
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLASpec:
     """Multi-latent attention (DeepSeek-V2/V3), per layer.
 
@@ -74,6 +94,8 @@ class MLASpec:
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
+    yarn: YarnSpec | None = None
+    """YaRN rope scaling of the rotary part (DeepSeek-V3's ``rope_scaling``); None: plain RoPE."""
 
     @property
     def q_head_dim(self) -> int:

@@ -40,6 +40,20 @@ class MoEDims:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLADims:
+    """Multi-latent attention (`verl_mp.models.spec.MLASpec`): the down projections and latent
+    norms replicated over TP (as the engine builds them), the up projections and the output
+    projection split by heads. vLLM caches the latent, ``kv_lora_rank + qk_rope_head_dim`` per
+    token and layer, whole on every TP rank."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelDims:
     num_layers: int
     hidden: int
@@ -55,6 +69,10 @@ class ModelDims:
     value_head: bool = False
     """Critic: a ``[1, hidden]`` value head (with bias) replaces the LM head."""
     moe: MoEDims | None = None
+    mla: MLADims | None = None
+    """Multi-latent attention instead of GQA (``heads``/``head_dim`` then unused for parameters)."""
+    first_dense_layers: int = 0
+    """Leading layers with a dense ``ffn`` MLP in a mixture-of-experts model (DeepSeek-V3)."""
 
     @classmethod
     def from_spec(cls, spec: GPTSpec, *, value_head: bool | None = None) -> ModelDims:
@@ -63,7 +81,8 @@ class ModelDims:
                    vocab=spec.vocab_size, tied=spec.tie_word_embeddings, qkv_bias=spec.add_qkv_bias,
                    qk_norm=spec.qk_layernorm,
                    value_head=spec.value_head if value_head is None else value_head,
-                   moe=_moe_from_spec(spec))
+                   moe=_moe_from_spec(spec), mla=_mla_from_spec(spec),
+                   first_dense_layers=spec.moe.first_dense_layers if spec.moe is not None else 0)
 
     def critic(self) -> ModelDims:
         """The same backbone with a value head (what a critic built from this model holds)."""
@@ -79,6 +98,14 @@ def _moe_from_spec(spec: GPTSpec) -> MoEDims | None:
         return None
     return MoEDims(num_experts=m.num_experts, ffn_hidden_size=m.ffn_hidden_size, top_k=m.top_k,
                    shared_ffn_hidden_size=m.shared_expert_ffn_hidden_size or 0, shared_gate=m.shared_expert_gate)
+
+
+def _mla_from_spec(spec: GPTSpec) -> MLADims | None:
+    m = spec.mla
+    if m is None:
+        return None
+    return MLADims(q_lora_rank=m.q_lora_rank, kv_lora_rank=m.kv_lora_rank, qk_nope_head_dim=m.qk_nope_head_dim,
+                   qk_rope_head_dim=m.qk_rope_head_dim, v_head_dim=m.v_head_dim)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +138,8 @@ class Layout:
 
 def attention_params(d: ModelDims, tp: int) -> int:
     """QKV (+ bias), output projection and q/k norms of one layer on one TP rank."""
+    if d.mla is not None:
+        return _mla_params(d, tp)
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     n = d.hidden * (q + 2 * kv) // tp + q * d.hidden // tp
     if d.qkv_bias:
@@ -118,6 +147,18 @@ def attention_params(d: ModelDims, tp: int) -> int:
     if d.qk_norm:
         n += 2 * d.head_dim
     return n
+
+
+def _mla_params(d: ModelDims, tp: int) -> int:
+    m, h = d.mla, d.hidden
+    q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * d.heads * q_head // tp
+    else:
+        q = h * d.heads * q_head // tp
+    kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
+        + m.kv_lora_rank * d.heads * (m.qk_nope_head_dim + m.v_head_dim) // tp
+    return q + kv + d.heads * m.v_head_dim * h // tp
 
 
 def expert_params(d: ModelDims, ep: int = 1, etp: int = 1) -> int:
@@ -137,9 +178,17 @@ def mlp_params(d: ModelDims, tp: int, ep: int = 1, etp: int | None = None) -> in
     return expert_params(d, ep, tp if etp is None else etp) + shared + d.hidden * m.num_experts
 
 
-def layer_params(d: ModelDims, tp: int, ep: int = 1, etp: int | None = None) -> int:
-    """One transformer layer on one rank: attention, MLP, two RMSNorm weights."""
-    return attention_params(d, tp) + mlp_params(d, tp, ep, etp) + 2 * d.hidden
+def layer_params(d: ModelDims, tp: int, ep: int = 1, etp: int | None = None, dense: bool = False) -> int:
+    """One transformer layer on one rank: attention, MLP, two RMSNorm weights; ``dense``: one
+    of a MoE model's leading dense layers (`ModelDims.first_dense_layers`)."""
+    mlp = 3 * d.hidden * d.ffn // tp if dense else mlp_params(d, tp, ep, etp)
+    return attention_params(d, tp) + mlp + 2 * d.hidden
+
+
+def stage_dense_layers(d: ModelDims, layout: Layout, stage: int) -> int:
+    """How many of ``stage``'s layers are leading dense layers of a MoE model."""
+    n = stage_layers(d, layout)
+    return max(0, min(d.first_dense_layers, (stage + 1) * n) - stage * n) if d.moe is not None else 0
 
 
 def vocab_rows(d: ModelDims, tp: int) -> int:
@@ -155,7 +204,9 @@ def stage_layers(d: ModelDims, layout: Layout) -> int:
 def stage_params(d: ModelDims, layout: Layout, stage: int) -> int:
     """Parameters one rank of pipeline stage ``stage`` holds."""
     first, last = stage == 0, stage == layout.pp - 1
-    n = stage_layers(d, layout) * layer_params(d, layout.tp, layout.ep, layout.expert_tp)
+    dense = stage_dense_layers(d, layout, stage)
+    n = (stage_layers(d, layout) - dense) * layer_params(d, layout.tp, layout.ep, layout.expert_tp) \
+        + dense * layer_params(d, layout.tp, dense=True)
     embedding = vocab_rows(d, layout.tp) * d.hidden
     if first:
         n += embedding
@@ -168,9 +219,10 @@ def stage_params(d: ModelDims, layout: Layout, stage: int) -> int:
     return n
 
 
-def stage_expert_params(d: ModelDims, layout: Layout) -> int:
+def stage_expert_params(d: ModelDims, layout: Layout, stage: int = 0) -> int:
     """The routed-expert part of `stage_params` (its optimizer state is sharded over expert-DP)."""
-    return stage_layers(d, layout) * expert_params(d, layout.ep, layout.expert_tp)
+    moe_layers = stage_layers(d, layout) - stage_dense_layers(d, layout, stage)
+    return moe_layers * expert_params(d, layout.ep, layout.expert_tp)
 
 
 def total_params(d: ModelDims) -> int:

@@ -116,7 +116,7 @@ def sharded_params(d: ModelDims, layout: Layout, stage: int, distributed_optimiz
     params = stage_params(d, layout, stage)
     if not distributed_optimizer:
         return params
-    experts = stage_expert_params(d, layout)
+    experts = stage_expert_params(d, layout, stage)
     return (params - experts) // layout.dp + experts // layout.edp
 
 
@@ -134,6 +134,13 @@ def layer_terms(d: ModelDims, p: int, tp: int, sp: bool, fused: bool = False) ->
         "lse": 4 * a / tp,
         "mlp": _mlp_term(d, p, tp, fused),
     }
+    if d.mla is not None:  # first order: the latents, the up-projected q/k/v, the rotated parts
+        m = d.mla
+        q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+        latents = (m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_rope_head_dim
+        terms["qkv"] = p * latents + p * a * (q_head + q_head + m.v_head_dim) / tp
+        terms["rope_qk"] = p * (a + 1) * m.qk_rope_head_dim / tp
+        terms["attn_out"] = p * a * m.v_head_dim / tp
     if d.qk_norm:
         terms["qk_norm"] = (_norm_bytes(p, fused) * (a + g) * hd + 4 * (a + g)) / tp
     return terms

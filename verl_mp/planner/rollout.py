@@ -93,6 +93,8 @@ def hf_rollout_memory(d: ModelDims, p: int) -> RolloutMemory:
 def kv_bytes_per_token(d: ModelDims, tp: int, p: int) -> int:
     """K and V of every layer for one token on one rollout rank (KV heads are split over
     TP, and replicated when TP exceeds their number)."""
+    if d.mla is not None:  # vLLM's MLA caches the latent and the rotary key, whole on every TP rank
+        return d.num_layers * (d.mla.kv_lora_rank + d.mla.qk_rope_head_dim) * p
     kv_heads = max(1, d.kv_heads // tp)
     return 2 * d.num_layers * kv_heads * d.head_dim * p
 

