@@ -18,8 +18,8 @@
 #                  actor.router_replay off and rollout (hooks, and vLLM's own capture: rollout_vllm) (step table: TFLOP/s on active parameters, sync
 #                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
-#   dsv3         : after stash + stash_moe, carry .gpu-vllm/part2 + .whl (issue 43, not yet run): a tiny DeepSeek-V3
-#                  (MLA, YaRN) through verify --rollout vllm in fp32 and bf16, and the sync vs vLLM's loader.
+#   dsv3         : after stash + stash_moe, carry .gpu-vllm/part2 + .whl (issue 43): a tiny DeepSeek-V3 (MLA with
+#                  DeepSeek's head dims, YaRN) through verify --rollout vllm in bf16, and the sync vs vLLM's loader.
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
@@ -261,23 +261,27 @@ run_moe() {  # issue 15 on one H200 (a second GPU adds the EP2 tests); after `st
   echo "moe gpu tests rc=$?"; grep -E "^[{]|passed|failed|skipped|Error" "$OUT/moe_tests.log" | cut -c1-500 | tail -6
 }
 
-run_dsv3() {  # issue 43, prepared on CPU, not yet run: after `stash` + `stash_moe` carrying .gpu-vllm/part2 + .whl.
-  # A tiny DeepSeek-V3 (MLA latent 576, YaRN, 4 experts) through `verify --rollout vllm` in fp32 and bf16 (engine vs
-  # HF, one optimizer step, the gather sync, vLLM vs the engine), then the sync vs vLLM's own loader on the HF export.
+run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a machine that has ~/vllm026), carrying
+  # .gpu-vllm/part2 + .whl on a fresh machine. A tiny DeepSeek-V3 (MLA latent 576, YaRN, 4 experts) through
+  # `verify --rollout vllm` in bf16 (engine vs HF, one optimizer step, the gather sync, vLLM vs the engine), then the
+  # sync vs vLLM's own loader on the HF export. On CUDA, vLLM 0.26's MLA runs bf16/fp16 only (every decode backend
+  # refuses fp32) and its prefill backends take only the released head shapes (qk_nope 128, qk_rope 64, v 128 for
+  # DeepSeek; first run 2026-12-05 refused the CPU tests' 16/16/24), so the GPU model has DeepSeek-V3's head dims.
   # The kit drops vLLM's _flashmla_C: MLA_BACKEND (default TRITON_MLA) picks a backend that needs no FlashMLA.
   setup_python
   install_moe_lib
   local model=/tmp/dsv3_model
-  python3 -c "from verl_mp.demo.tiny_models import ROLLOUT_OVERRIDES as R, build_tiny_checkpoint as b; b('deepseek_v3', '$model', rope_scaling=dict(type='yarn', factor=40.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0, original_max_position_embeddings=64), max_position_embeddings=2560, **R['deepseek_v3'])" > "$OUT/dsv3_build.log" 2>&1
-  for dtype in fp32 bf16; do
+  python3 -c "from verl_mp.demo.tiny_models import ROLLOUT_OVERRIDES as R, build_tiny_checkpoint as b; b('deepseek_v3', '$model', rope_scaling=dict(type='yarn', factor=40.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0, original_max_position_embeddings=64), max_position_embeddings=2560, **{**R['deepseek_v3'], 'qk_nope_head_dim': 128, 'v_head_dim': 128})" > "$OUT/dsv3_build.log" 2>&1 || { tail -5 "$OUT/dsv3_build.log"; return 1; }
+  for tp in 1; do
     CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} timeout ${VERIFY_S:-240} \
-      python3 -m verl_mp verify --model "$model" --rollout vllm --rollout-tp 1 --dtype $dtype > "$OUT/dsv3_verify_$dtype.log" 2>&1
-    echo "dsv3 verify $dtype rc=$?"; grep -E '^[{]|Error' "$OUT/dsv3_verify_$dtype.log" | tail -2 | cut -c1-700
+      python3 -m verl_mp verify --model "$model" --rollout vllm --rollout-tp $tp --dtype bf16 > "$OUT/dsv3_verify_bf16.log" 2>&1
+    echo "dsv3 verify bf16 rc=$?"; grep -E '^[{]|Error' "$OUT/dsv3_verify_bf16.log" | tail -2 | cut -c1-900
   done
   CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} timeout ${VERIFY_S:-240} python3 -m torch.distributed.run \
-    --standalone --nproc-per-node 1 -m verl_mp.cli.rank_verify_rollout --model "$model" --loader-check /tmp/dsv3_export \
-    --out "$OUT/dsv3_loader.json" > "$OUT/dsv3_loader.log" 2>&1
-  echo "dsv3 loader check rc=$?"; cat "$OUT/dsv3_loader.json" 2>/dev/null | cut -c1-900
+    --standalone --nproc-per-node 1 -m verl_mp.cli.rank_verify_rollout --model "$model" --dtype bf16 \
+    --loader-check /tmp/dsv3_export --out "$OUT/dsv3_loader.json" > "$OUT/dsv3_loader.log" 2>&1
+  echo "dsv3 loader check rc=$?"; grep -E 'Error' "$OUT/dsv3_loader.log" | grep -v ChildFailed | tail -2 | cut -c1-600
+  cut -c1-1200 "$OUT/dsv3_loader.json" 2>/dev/null
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO

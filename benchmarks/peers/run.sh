@@ -75,8 +75,16 @@ case "$peer" in
     OUT=$out
     # shellcheck source=verl_args.sh
     source "$HERE/verl_args.sh"
+    # verl 0.9.1 patches TRL's AutoModelForCausalLMWithValueHead whenever TRL can be imported, and TRL 1.16
+    # no longer has that class (ImportError in the FSDP engine's set-up, 2026-12-05). verl does not depend
+    # on TRL, so it runs from a view of the peers' site without TRL, as a plain verl install would be.
+    view=$WORK/verl-site
+    rm -rf "$view" && mkdir -p "$view"
+    for entry in "$PEERS_SITE"/*; do
+      case $(basename "$entry") in trl|trl-*) ;; *) ln -s "$entry" "$view/" ;; esac
+    done
     # verl starts Ray itself; its file logger writes one JSON line per step
-    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$VERL_TF_SITE:$PEERS_SITE:$RAY_SITE:$VLLM_SITE:$repo \
+    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$VERL_TF_SITE:$view:$RAY_SITE:$VLLM_SITE:$repo \
       "$PY" -m verl.trainer.main_ppo "${VERL_ARGS[@]}" > "$out/verl.log" 2>&1 ;;
   trl)
     export VLLM_ENABLE_V1_MULTIPROCESSING=0
