@@ -84,7 +84,8 @@ def sync_vs_loader(engine, rollout, directory: str) -> dict:
                or not torch.equal(synced[n], loaded[n])]
     diff = max((float((synced[n].float() - loaded[n].float()).abs().max()) for n in loaded
                 if n in synced and synced[n].shape == loaded[n].shape and loaded[n].numel()), default=0.0)
-    t = torch.tensor([diff, float(len(unequal)), float(set(synced) != set(loaded)), float(len(loaded))])
+    t = torch.tensor([diff, float(len(unequal)), float(set(synced) != set(loaded)), float(len(loaded))],
+                     device="cuda" if torch.cuda.is_available() else "cpu")  # NCCL reduces CUDA tensors only
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"loader_max_abs_diff": float(t[0]), "loader_unequal_params": int(t[1]),
             "loader_names_differ": bool(t[2]), "loader_params_compared": int(t[3]),
