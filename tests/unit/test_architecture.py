@@ -153,7 +153,6 @@ DELIBERATE_REPEATS = {
                                 "layer that owns each; shared wording",
     "at module level in an importable module": "wording shared by the pickling checks of reward functions and tools",
     "must look like 'package module function'": "the two registries (algorithms, rewards) parse their own plugins",
-    "divisible by the data parallel size": "the planner re-runs preflight's batch check on the layouts it suggests",
 }
 """Phrases of ValueError messages found in more than one package on purpose, and why. A new
 repeat is a check duplicated across layers: keep it in the layer that owns the setting."""

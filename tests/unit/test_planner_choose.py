@@ -97,9 +97,9 @@ def test_without_a_gpu_the_fallback_budget_and_preflight_applies_the_choice(body
     rows = build_plan(load_config("grpo", [f"model.path={body}", *JOB, "actor.micro_batch_size=8"]))
     assert rows.actor.micro_batch_size == 8 and rows.actor.max_tokens_per_micro_batch is None
     # preflight on a planned GPU puts the planner's budgets into the engines of plan.yaml
-    from verl_mp.trainer.setup import _choose_settings
+    from verl_mp.planner import choose_for_run
 
-    on_gpu = _choose_settings(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, gpu_memory_gib=140.4)),
+    on_gpu = choose_for_run(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, gpu_memory_gib=140.4)),
                               read_spec(body))
     want = choose(cfg, read_spec(body), PlanOptions(gpu_memory_gib=140.4))[0]
     assert build_plan(on_gpu).actor.max_tokens_per_micro_batch == want.actor.max_tokens_per_micro_batch > 4 * SEQ

@@ -85,7 +85,7 @@ def train(args) -> int:
     """Every configuration error at once and within seconds (no model, data or demo needed to
     find them), then the demo's warm start if needed, then the run (which checks the rest)."""
     from verl_mp.trainer.run import run
-    from verl_mp.trainer.setup import config_errors
+    from verl_mp.trainer.config_check import config_errors
     from verl_mp.utils.logs import Heartbeat
 
     cfg, errors = load_config_checked(args.config_name, args.overrides)

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, fields, replace
 from omegaconf import OmegaConf
 
 from verl_mp.algo import estimator_spec
+from verl_mp.config.checks import check_batch_sizes
 from verl_mp.config.engine import EngineSettings, default_token_budget
-from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.parallel import ParallelConfig, validate_layout
 from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
@@ -104,6 +105,27 @@ def reference_enabled(cfg: RootConfig) -> bool:
 def critic_layout(cfg: RootConfig) -> ParallelConfig:
     """``critic.megatron``, or the actor's layout when unset."""
     return cfg.critic.megatron if cfg.critic.megatron is not None else cfg.actor.megatron
+
+
+def check_critic_layout(cfg: RootConfig, placement: Placement, spec) -> None:
+    """The critic's layout (`critic_layout`) on its pool and the model (``spec``: its `GPTSpec`):
+    a colocated critic uses the actor's."""
+    if not critic_enabled(cfg):
+        return
+    if placement.colocated("critic"):
+        if cfg.critic.megatron is not None and cfg.critic.megatron != cfg.actor.megatron:
+            raise ValueError("critic.megatron differs from actor.megatron, but the critic is colocated with the "
+                             "actor (one Megatron layout per process); remove critic.megatron or put the critic "
+                             "on its own pool (trainer.placement.roles.critic)")
+        return
+    world = placement.pool_size("critic")
+    try:
+        dp = validate_layout(critic_layout(cfg), world, spec.shape, prefix="critic.megatron.")
+    except ValueError as err:
+        unset = " (critic.megatron is unset: the actor's layout applies)" if cfg.critic.megatron is None else ""
+        raise ValueError(f"{err}; the critic pool {placement.roles['critic']!r} has {world} ranks{unset}") from None
+    check_batch_sizes(cfg, dp, whose="the critic's ",
+                      fix=f" (pool {placement.roles['critic']!r}); change the critic pool or critic.megatron")
 
 
 def enabled_roles(cfg: RootConfig) -> dict[str, bool]:

@@ -7,13 +7,15 @@ config, before anything starts (no GPU, no process group needed).
 - `suggest(cfg, spec, options) -> [Suggestion]`: ranked, re-planned overrides that lower
   the peak (`verl_mp.planner.advice`).
 - `check_fits(cfg, spec, gpu_memory_gib)`: raises ValueError with the numbers and the
-  fixes when the run cannot fit (for the trainer's preflight).
+  fixes when the run cannot fit; `check_run_fits` and `choose_for_run` are the trainer's
+  preflight on the run's GPU (`run_gpu_memory_gib`).
 - ``verl-mp plan --config-name X [overrides] [--gpu-memory-gib 80]`` prints the table
   (`verl_mp.planner.cli`).
 """
 
 from verl_mp.planner.advice import Suggestion, suggest
-from verl_mp.planner.check import check_fits
+from verl_mp.planner.check import check_fits, check_run_fits, choose_for_run, run_gpu_memory_gib
 from verl_mp.planner.plan import Plan, PlanOptions, plan
 
-__all__ = ["Plan", "PlanOptions", "Suggestion", "check_fits", "plan", "suggest"]
+__all__ = ["Plan", "PlanOptions", "Suggestion", "check_fits", "check_run_fits", "choose_for_run", "plan",
+           "run_gpu_memory_gib", "suggest"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from verl_mp.config.checks import check_batch_sizes
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.placement import resolve_placement
 from verl_mp.config.rollout import validate_rollout_layout
@@ -143,9 +144,7 @@ def _evaluate(cfg, spec, options, kind, summary, overrides) -> Suggestion | None
 def _check_batches(cfg: RootConfig, spec: GPTSpec) -> None:
     """The batch-size and rollout-layout checks of preflight that a layout change can break."""
     world = cfg.trainer.world_size
-    dp = validate_layout(cfg.actor.megatron, world, spec.shape)
-    if (cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n) % dp:
-        raise ValueError("mini-batch not divisible by the data-parallel size")
+    check_batch_sizes(cfg, validate_layout(cfg.actor.megatron, world, spec.shape))
     placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
     validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
 
