@@ -325,10 +325,10 @@ def _error_text(result: ToolResult, cfg: MultiTurnConfig) -> str:
     return result.text
 
 
-def check_tools(cfg: MultiTurnConfig, tokenizer: Any) -> None:
+def check_tools(cfg: MultiTurnConfig, tokenizer: Any | None) -> None:
     """Before a multi-turn run starts: its tools resolve and can reach the sandboxed tool
-    workers, its parser resolves, and the chat template (``tokenizer``'s) can render tool
-    responses. The settings' other checks: `verl_mp.config.rollout.check_multi_turn`."""
+    workers, its parser resolves, and the chat template (``tokenizer``'s; None: not checked)
+    can render tool responses. The settings' other checks: `verl_mp.config.checks.check_multi_turn`."""
     for name, fn in resolve_tools(cfg.tools).items():
         try:
             pickle.dumps(fn)
@@ -336,4 +336,5 @@ def check_tools(cfg: MultiTurnConfig, tokenizer: Any) -> None:
             raise ValueError(f"rollout.multi_turn.tools: tool {name!r} cannot be sent to the sandboxed tool workers "
                              f"({err}); define it at module level in an importable module or a .py file") from None
     get_tool_parser(cfg.tool_parser)
-    ToolResponseFormat(tokenizer, cfg.tool_role)  # the template can render tool responses
+    if tokenizer is not None:
+        ToolResponseFormat(tokenizer, cfg.tool_role)  # the template can render tool responses

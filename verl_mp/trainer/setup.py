@@ -103,10 +103,10 @@ def preflight(cfg: RootConfig) -> RunPlan:
     errors.run(check_max_model_len, cfg, spec)
     errors.run(check_multi_turn, cfg)
     tokenizer = errors.run(load_tokenizer, cfg.model.path)
+    if cfg.rollout.multi_turn.enable:
+        errors.run(check_tools, cfg.rollout.multi_turn, tokenizer)
     if tokenizer is not None:
         errors.run(check_vocab, tokenizer, cfg.model.path, spec.vocab_size)
-        if cfg.rollout.multi_turn.enable:
-            errors.run(check_tools, cfg.rollout.multi_turn, tokenizer)
         if not missing:
             _read_data(cfg, tokenizer, errors)
     errors.run(check_reward_model, cfg.reward_model)
