@@ -36,7 +36,7 @@ VALUES = {  # every EngineSettings key -> a non-default value (a new field needs
 }
 LIVE = {"ref": ("micro_batch_size", "max_tokens_per_micro_batch", "remove_padding", "attention_backend",
                 "offload.params")}
-"""What each role uses (the reference policy's other keys are refused: `verl_mp.config.keys.DEAD_KEYS`)."""
+"""What each role has (the reference policy has no others: `verl_mp.config.schema.ReferenceConfig`)."""
 BASE = ["model.path=m", "actor.use_kl_loss=true", "actor.recompute=selective", "critic.recompute=selective"]
 
 

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from omegaconf import OmegaConf
 
 from verl_mp.algo import estimator_spec
 from verl_mp.config.checks import check_batch_sizes
-from verl_mp.config.engine import EngineSettings, default_token_budget
+from verl_mp.config.engine import EngineSettings, OffloadConfig, default_token_budget
 from verl_mp.config.parallel import ParallelConfig, validate_layout
 from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
     EngineRoleConfig,
     PolicyUpdateConfig,
+    ReferenceConfig,
     RewardModelConfig,
     RootConfig,
     ValueUpdateConfig,
@@ -167,11 +168,14 @@ def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
     return max(1, cfg.trainer.total_steps * per_rl_step)
 
 
-def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: ParallelConfig, horizon: int,
-            epochs: int | None = None) -> EngineConfig:
-    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name, plus
-    what the run decides."""
-    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)}
+def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig | ReferenceConfig, parallel: ParallelConfig,
+            horizon: int, epochs: int | None = None) -> EngineConfig:
+    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name (the
+    defaults of those a frozen reference has not: optimizer, recompute, offload of gradients and
+    optimizer), plus what the run decides."""
+    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)
+                if hasattr(section, f.name)}
+    settings["offload"] = OffloadConfig(**asdict(section.offload))
     settings["max_tokens_per_micro_batch"] = _token_budget(cfg, section)
     return EngineConfig(
         **settings, model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel,
@@ -181,7 +185,7 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
     )
 
 
-def _token_budget(cfg: RootConfig, section: EngineRoleConfig) -> int | None:
+def _token_budget(cfg: RootConfig, section: EngineRoleConfig | ReferenceConfig) -> int | None:
     """The role's token budget: as set (preflight fills an unset one with the planner's
     choice, `verl_mp.planner.choose`), else the fallback for a plan built without preflight."""
     if section.max_tokens_per_micro_batch is None and section.micro_batch_size is None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.engine import DEFAULT_BUDGET_ROWS, default_token_budget
-from verl_mp.config.schema import EngineRoleConfig, RootConfig
+from verl_mp.config.engine import ForwardSettings
+from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import critic_enabled, reference_enabled
 from verl_mp.planner.plan import PlanOptions, plan
@@ -54,7 +55,7 @@ def auto_roles(cfg: RootConfig) -> list[str]:
     return [r for r in roles if _unset(getattr(cfg, r))]
 
 
-def _unset(section: EngineRoleConfig) -> bool:
+def _unset(section: ForwardSettings) -> bool:
     return section.micro_batch_size is None and section.max_tokens_per_micro_batch is None
 
 

@@ -61,7 +61,7 @@ MAY_DIFFER = (
     "trainer.peak_tflops", "trainer.export_hf_at_end", "trainer.gpu_memory_gib",
     "*.megatron", "*.megatron.*", *engine_keys_that_may_differ(),
     "rollout.logprob_gap_freq", "rollout.logprobs_source", "trainer.save_on_interrupt",
-    "ref.optim.*", "actor.moe.grouped_gemm",
+    "actor.moe.grouped_gemm",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.load_format", "rollout.sleep_level", "rollout.keep_weights_on_gpu",
     "rollout.weight_sync_bucket_mb",
