@@ -11,7 +11,8 @@ from verl_mp.algo import estimator_spec
 from verl_mp.config.checks import check_batch_sizes
 from verl_mp.config.engine import EngineSettings, OffloadConfig, default_token_budget
 from verl_mp.config.parallel import ParallelConfig, validate_layout
-from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
+from verl_mp.config.placement import Placement, resolve_placement
+from verl_mp.config.roles import ENGINE_ROLES, GROUPS, ROLES  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
     EngineRoleConfig,
@@ -21,13 +22,7 @@ from verl_mp.config.schema import (
     RootConfig,
     ValueUpdateConfig,
 )
-from verl_mp.engine.config import ENGINE_ROLES, EngineConfig  # noqa: F401  (re-exported)
-
-ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
-"""What a process can host. The actor and its reference always share the
-``actor_rollout_ref`` group; the rollout, the critic and the reward model join it unless
-placed apart (a rollout group hosts vLLM alone)."""
-
+from verl_mp.engine.config import EngineConfig
 
 @dataclass(kw_only=True)
 class GroupPlan:

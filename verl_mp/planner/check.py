@@ -11,7 +11,7 @@ from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.planner.advice import suggest
 from verl_mp.planner.choose import choose
-from verl_mp.planner.plan import Plan, PlanOptions, plan
+from verl_mp.planner.memory_plan import MemoryPlan, MemoryPlanOptions, plan_memory
 from verl_mp.planner.report import gib
 
 MAX_FIXES = 3
@@ -30,7 +30,7 @@ def choose_for_run(cfg: RootConfig, spec: GPTSpec) -> RootConfig:
     """What the run leaves to the planner (`verl_mp.planner.choose`), chosen for its GPU and
     logged; ``plan.yaml`` records it."""
     gib = run_gpu_memory_gib(cfg)
-    cfg, choices = choose(cfg, spec, PlanOptions(gpu_memory_gib=gib) if gib is not None else None)
+    cfg, choices = choose(cfg, spec, MemoryPlanOptions(gpu_memory_gib=gib) if gib is not None else None)
     for c in choices:
         logger.info("planner chose %s", c.line())
     return cfg
@@ -49,20 +49,20 @@ def check_run_fits(cfg: RootConfig, spec: GPTSpec) -> None:
 
 
 def check_fits(cfg: RootConfig, spec: GPTSpec, gpu_memory_gib: float, *,
-               logprob_impl: str = "fused", cache_released: bool = True) -> Plan:
+               logprob_impl: str = "fused", cache_released: bool = True) -> MemoryPlan:
     """Plan ``cfg`` on GPUs of ``gpu_memory_gib``; return the plan when it fits, else raise
     ValueError naming the phases that do not fit with their numbers and the best fixes
     (as overrides). ``cache_released=False`` plans for a trainer that keeps PyTorch's
     cached blocks across phases (before issue 21's hand-off)."""
-    options = PlanOptions(gpu_memory_gib=gpu_memory_gib, logprob_impl=logprob_impl,
+    options = MemoryPlanOptions(gpu_memory_gib=gpu_memory_gib, logprob_impl=logprob_impl,
                           cache_released=cache_released)
-    result = plan(cfg, spec, options)
+    result = plan_memory(cfg, spec, options)
     if result.fits:
         return result
     raise ValueError(failure_message(result, suggest(cfg, spec, options, result)))
 
 
-def failure_message(result: Plan, suggestions) -> str:
+def failure_message(result: MemoryPlan, suggestions) -> str:
     parts = []
     for ph in result.over:
         held = ", ".join(f"{k} {gib(v)}" for k, v in ph.parts.items() if v)
@@ -82,7 +82,7 @@ _ROLLOUT_POOL_FIX = (": vLLM alone takes rollout.gpu_memory_utilization x GPU th
                      "then holds too few tokens)")
 
 
-def _pool_name(result: Plan, pool: str) -> str:
+def _pool_name(result: MemoryPlan, pool: str) -> str:
     """``critic pool`` / ``rollout pool 'gen' (2 GPUs)``."""
     if pool == "rollout" and "rollout_pool" in result.info:
         name, ranks = result.info["rollout_pool"]

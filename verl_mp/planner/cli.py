@@ -21,7 +21,7 @@ from verl_mp.config.loader import load_config
 from verl_mp.planner.advice import suggest
 from verl_mp.planner.choose import choose, render_choices
 from verl_mp.planner.known_models import MODEL_CONFIGS, hf_config_url, preset_model
-from verl_mp.planner.plan import PlanOptions, plan
+from verl_mp.planner.memory_plan import MemoryPlanOptions, plan_memory
 from verl_mp.planner.report import render, render_suggestions
 
 
@@ -100,10 +100,10 @@ def run_plan(args) -> int:
     if args.config_name in CPU_DEMO_PRESETS and args.gpu_memory_gib is None:
         print(_cpu_run_note(cfg, args.config_name, spec))
         return 0
-    options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib or DEFAULT_GPU_GIB, logprob_impl=args.logprob_impl,
+    options = MemoryPlanOptions(gpu_memory_gib=args.gpu_memory_gib or DEFAULT_GPU_GIB, logprob_impl=args.logprob_impl,
                           cache_released=not args.keep_cache)
     cfg, choices = choose(cfg, spec, options)
-    result = plan(cfg, spec, options)
+    result = plan_memory(cfg, spec, options)
     print(render(result, title=f"verl-mp plan --config-name {args.config_name} ({cfg.model.dtype}, "
                               f"{spec.architecture}; shape from {source})"))
     print()
