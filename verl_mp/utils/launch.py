@@ -185,7 +185,7 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
         logger.error("launcher (pid %d) is gone; stopping rank pid %d", parent, os.getpid())
-        from verl_mp.utils.shm import release_segments
+        from verl_mp.utils.shm import release_segments  # lazy: only once the launcher is gone
 
         release_segments()
         os.kill(os.getpid(), signal.SIGKILL)
