@@ -58,7 +58,7 @@ def prompts(num: int, data: str | None = None, model: str | None = None) -> list
     from verl_mp.config.schema import DataConfig
     from verl_mp.data.dataset import PromptDataset
     from verl_mp.data.sampler import ResumableBatchSampler
-    from verl_mp.trainer.setup import load_tokenizer
+    from verl_mp.data.tokenizer import load_tokenizer
 
     dataset = PromptDataset(data, load_tokenizer(model), max_prompt_length=64)
     defaults = DataConfig()

@@ -153,7 +153,6 @@ DELIBERATE_REPEATS = {
                                 "layer that owns each; shared wording",
     "at module level in an importable module": "wording shared by the pickling checks of reward functions and tools",
     "must look like 'package module function'": "the two registries (algorithms, rewards) parse their own plugins",
-    "divisible by the data parallel size": "the planner re-runs preflight's batch check on the layouts it suggests",
 }
 """Phrases of ValueError messages found in more than one package on purpose, and why. A new
 repeat is a check duplicated across layers: keep it in the layer that owns the setting."""
@@ -200,8 +199,9 @@ def test_no_check_is_duplicated_across_layers():
 
 def test_every_config_key_reaches_code():
     """Every leaf key of the run configuration is read by name somewhere outside verl_mp/config
-    (a coarse test: by field name), or refused as doing nothing (`verl_mp.config.keys.DEAD_KEYS`)."""
-    from verl_mp.config.keys import dead_key_reason, schema_keys
+    (a coarse test: by field name): a key that does nothing is removed from the schema
+    (`verl_mp.config.keys.REMOVED_KEYS` refuses it when set)."""
+    from verl_mp.config.keys import schema_keys
 
     read = set()
     for path in ROOT.rglob("*.py"):
@@ -216,5 +216,5 @@ def test_every_config_key_reaches_code():
                 read.add(node.arg)
     keys = schema_keys()
     leaves = [k for k in keys if not any(other.startswith(k + ".") for other in keys)]
-    unread = [k for k in leaves if k.rsplit(".", 1)[-1] not in read and not dead_key_reason(k)]
-    assert not unread, f"config keys no code reads (remove them, or refuse them in DEAD_KEYS): {unread}"
+    unread = [k for k in leaves if k.rsplit(".", 1)[-1] not in read]
+    assert not unread, f"config keys no code reads (remove them, and list them in REMOVED_KEYS): {unread}"

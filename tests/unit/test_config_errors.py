@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl_mp.cli import main as cli_main
-from verl_mp.config.keys import DEAD_KEYS, closest_key
+from verl_mp.config.keys import REMOVED_KEYS, closest_key, schema_keys
 from verl_mp.config.loader import load_config, load_config_checked, to_yaml
 
 pytestmark = pytest.mark.unit
@@ -54,16 +54,28 @@ def test_a_typo_suggests_the_closest_key(typo, meant):
     assert errors == [f"unknown config key: {typo}; did you mean {meant}? (`verl-mp config show` lists every key)"]
 
 
-def test_keys_that_do_nothing_are_refused_but_a_saved_config_loads(tmp_path):
+def test_keys_that_did_nothing_are_removed_refused_when_set_and_tolerated_in_an_old_saved_config(tmp_path):
     _, errors = load_config_checked("grpo", ["ref.optim.lr=1e-3", "ref.offload.grads=true", "ref.recompute=full",
                                              "ref.offload.params=false", "ref.micro_batch_size=2"])
     assert [e.split(" does nothing")[0] for e in errors] == ["ref.optim.lr", "ref.offload.grads", "ref.recompute"]
     assert all("the reference policy is frozen" in e for e in errors)
-    assert len(DEAD_KEYS) == 6  # 11 optimizer keys + 2 offload + 3 recompute = 16 keys
-    saved = tmp_path / "config.yaml"  # what a run writes and every rank loads: every key, ref.optim included
-    saved.write_text(to_yaml(load_config("grpo", ["ref.offload.params=false"])))
-    assert "optim:" in saved.read_text().split("\nref:")[1].split("\ncritic:")[0]
+    assert len(REMOVED_KEYS) == 6  # 11 optimizer keys + 2 offload + 3 recompute = 16 keys
+    assert not [k for k in schema_keys() if any(k == r or k.startswith(r + ".") for r in REMOVED_KEYS)]
+    saved = tmp_path / "config.yaml"  # what a run writes and every rank loads
+    text = to_yaml(load_config("grpo", ["ref.offload.params=false"]))
+    ref = text.split("\nref:")[1].split("\ncritic:")[0]
+    assert "optim:" not in ref and "recompute" not in ref and "grads" not in ref
+    saved.write_text(text)
     assert load_config(str(saved)).ref.offload.params is False
+    # a config.yaml saved before the keys were removed holds them at their defaults: it loads
+    head, rest = text.split("\nref:\n", 1)
+    ref, tail = rest.split("\ncritic:", 1)
+    ref = ("  optim:\n    lr: 1.0e-06\n    weight_decay: 0.01\n  recompute: none\n  recompute_modules:\n  - mlp\n"
+           "  recompute_num_layers: 1\n" + ref + "\n    grads: false\n    optimizer: false")
+    old = f"{head}\nref:\n{ref}\ncritic:{tail}"
+    saved.write_text(old)
+    cfg, errors = load_config_checked(str(saved))
+    assert errors == [] and cfg.ref.offload.params is False
 
 
 def _source_data(tmp_path, source):

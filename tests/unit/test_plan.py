@@ -9,13 +9,13 @@ from verl_mp.algo import advantage_estimator, estimator_spec
 from verl_mp.config.engine import MAY_DIFFER_ON_RESUME, EngineSettings
 from verl_mp.config.loader import load_config
 from verl_mp.plan import build_plan, load_plan, save_plan
-from verl_mp.planner import PlanOptions
-from verl_mp.planner import plan as _plan
+from verl_mp.planner import MemoryPlanOptions
+from verl_mp.planner import plan_memory as _plan
 from verl_mp.trainer.resume_check import config_differences, run_config
 
 
 def plan_memory(cfg, spec):
-    return _plan(cfg, spec, PlanOptions(gpu_memory_gib=80))
+    return _plan(cfg, spec, MemoryPlanOptions(gpu_memory_gib=80))
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +36,7 @@ VALUES = {  # every EngineSettings key -> a non-default value (a new field needs
 }
 LIVE = {"ref": ("micro_batch_size", "max_tokens_per_micro_batch", "remove_padding", "attention_backend",
                 "offload.params")}
-"""What each role uses (the reference policy's other keys are refused: `verl_mp.config.keys.DEAD_KEYS`)."""
+"""What each role has (the reference policy has no others: `verl_mp.config.schema.ReferenceConfig`)."""
 BASE = ["model.path=m", "actor.use_kl_loss=true", "actor.recompute=selective", "critic.recompute=selective"]
 
 

@@ -7,10 +7,10 @@ from planner_models import write_config
 
 from verl_mp.cli import main as cli_main
 from verl_mp.config.loader import load_config
-from verl_mp.planner import PlanOptions, check_fits, plan, suggest
+from verl_mp.planner import MemoryPlanOptions, check_fits, plan_memory, suggest
 from verl_mp.planner.advice import apply_overrides
 from verl_mp.planner.cli import read_spec
-from verl_mp.planner.plan import GIB
+from verl_mp.planner.memory_plan import GIB
 
 pytestmark = pytest.mark.unit
 H200 = 140.4
@@ -37,7 +37,7 @@ def body_1_5b(tmp_path_factory):
 def planned(overrides, gib=H200, preset="grpo", **options):
     cfg = load_config(preset, overrides)
     spec = read_spec(cfg.model.path)
-    return cfg, spec, plan(cfg, spec, PlanOptions(gpu_memory_gib=gib, **options))
+    return cfg, spec, plan_memory(cfg, spec, MemoryPlanOptions(gpu_memory_gib=gib, **options))
 
 
 def test_issue_21(body_1_5b):
@@ -92,13 +92,13 @@ def test_suggestions_fit_when_applied(tmp_path):
                  "rollout.max_model_len=4096", "data.train_batch_size=64", "actor.ppo_mini_batch_size=16"]
     cfg, spec, result = planned(overrides, gib=79.6)
     assert not result.fits
-    fixes = suggest(cfg, spec, PlanOptions(gpu_memory_gib=79.6), result)
+    fixes = suggest(cfg, spec, MemoryPlanOptions(gpu_memory_gib=79.6), result)
     # no single change is enough: a combination comes first, raising TP before anything else
     assert not any(f.fits for f in fixes[1:])
     assert fixes[0].kind == "combined" and fixes[0].fits
     assert fixes[0].overrides[0] == "actor.megatron.tensor_model_parallel_size=2"
     for fix in fixes:
-        after = plan(apply_overrides(cfg, fix.overrides), spec, PlanOptions(gpu_memory_gib=79.6))
+        after = plan_memory(apply_overrides(cfg, fix.overrides), spec, MemoryPlanOptions(gpu_memory_gib=79.6))
         assert after.fits == fix.fits and after.peak.total == fix.peak_bytes
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from verl_mp.config.loader import load_config
 from verl_mp.config.engine import default_token_budget
-from verl_mp.planner import PlanOptions, plan
+from verl_mp.planner import MemoryPlanOptions, plan_memory
 from verl_mp.planner.choose import BUDGET_CAP, BUDGET_STEP, HEADROOM, choose
 from verl_mp.planner.cli import read_spec
 from verl_mp.plan import build_plan
@@ -39,7 +39,7 @@ def body(tmp_path_factory):
 
 
 def _peak_share(cfg, spec, options):
-    result = plan(cfg, spec, options)
+    result = plan_memory(cfg, spec, options)
     assert not result.problems
     return max(ph.total for ph in result.phases) / result.gpu_bytes
 
@@ -51,7 +51,7 @@ def _with(cfg, role, budget):
 @pytest.mark.parametrize("gib", [79.6, 140.4])
 def test_each_budget_is_the_largest_that_fits_the_headroom(body, gib):
     cfg = load_config("grpo", [f"model.path={body}", *JOB])
-    spec, options = read_spec(body), PlanOptions(gpu_memory_gib=gib)
+    spec, options = read_spec(body), MemoryPlanOptions(gpu_memory_gib=gib)
     chosen, choices = choose(cfg, spec, options)
     got = {c.key.split(".")[0]: c.value for c in choices}
     assert set(got) == {"actor", "ref"}  # GRPO: no critic
@@ -67,22 +67,22 @@ def test_each_budget_is_the_largest_that_fits_the_headroom(body, gib):
 def test_budgets_differ_by_gpu_and_settings_the_run_gives_are_kept(body):
     cfg = load_config("grpo", [f"model.path={body}", *JOB])
     spec = read_spec(body)
-    small = choose(cfg, spec, PlanOptions(gpu_memory_gib=79.6))[0].actor.max_tokens_per_micro_batch
-    large = choose(cfg, spec, PlanOptions(gpu_memory_gib=140.4))[0].actor.max_tokens_per_micro_batch
+    small = choose(cfg, spec, MemoryPlanOptions(gpu_memory_gib=79.6))[0].actor.max_tokens_per_micro_batch
+    large = choose(cfg, spec, MemoryPlanOptions(gpu_memory_gib=140.4))[0].actor.max_tokens_per_micro_batch
     assert small < large
     rows = load_config("grpo", [f"model.path={body}", *JOB, "actor.micro_batch_size=8"])
     budget = load_config("grpo", [f"model.path={body}", *JOB, "ref.max_tokens_per_micro_batch=4096"])
-    kept, choices = choose(rows, spec, PlanOptions(gpu_memory_gib=140.4))
+    kept, choices = choose(rows, spec, MemoryPlanOptions(gpu_memory_gib=140.4))
     assert kept.actor.micro_batch_size == 8 and kept.actor.max_tokens_per_micro_batch is None
     assert [c.key for c in choices] == ["ref.max_tokens_per_micro_batch"]
-    kept, choices = choose(budget, spec, PlanOptions(gpu_memory_gib=140.4))
+    kept, choices = choose(budget, spec, MemoryPlanOptions(gpu_memory_gib=140.4))
     assert kept.ref.max_tokens_per_micro_batch == 4096 and [c.key for c in choices] == ["actor.max_tokens_per_micro_batch"]
 
 
 def test_a_budget_is_capped_by_the_ranks_mini_batch(body):
     small_batch = [f"model.path={body}", *JOB, "data.train_batch_size=2", "actor.ppo_mini_batch_size=2",
                    "rollout.sampling.n=2", "rollout.sampling.max_new_tokens=64"]
-    chosen, choices = choose(load_config("grpo", small_batch), read_spec(body), PlanOptions(gpu_memory_gib=140.4))
+    chosen, choices = choose(load_config("grpo", small_batch), read_spec(body), MemoryPlanOptions(gpu_memory_gib=140.4))
     assert chosen.actor.max_tokens_per_micro_batch == 4 * (64 + 64)  # 2 prompts x 2 samples, all in one micro-batch
     assert "mini-batch" in choices[0].reason
 
@@ -97,11 +97,11 @@ def test_without_a_gpu_the_fallback_budget_and_preflight_applies_the_choice(body
     rows = build_plan(load_config("grpo", [f"model.path={body}", *JOB, "actor.micro_batch_size=8"]))
     assert rows.actor.micro_batch_size == 8 and rows.actor.max_tokens_per_micro_batch is None
     # preflight on a planned GPU puts the planner's budgets into the engines of plan.yaml
-    from verl_mp.trainer.setup import _choose_settings
+    from verl_mp.planner import choose_for_run
 
-    on_gpu = _choose_settings(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, gpu_memory_gib=140.4)),
+    on_gpu = choose_for_run(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, gpu_memory_gib=140.4)),
                               read_spec(body))
-    want = choose(cfg, read_spec(body), PlanOptions(gpu_memory_gib=140.4))[0]
+    want = choose(cfg, read_spec(body), MemoryPlanOptions(gpu_memory_gib=140.4))[0]
     assert build_plan(on_gpu).actor.max_tokens_per_micro_batch == want.actor.max_tokens_per_micro_batch > 4 * SEQ
 
 

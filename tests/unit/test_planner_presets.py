@@ -14,9 +14,9 @@ from planner_models import MODEL_CONFIGS, write_config
 from verl_mp.config.loader import PRESET_DIR, load_config
 from verl_mp.config.placement import resolve_placement
 from verl_mp.plan import enabled_roles
-from verl_mp.planner import PlanOptions, plan
+from verl_mp.planner import MemoryPlanOptions, plan_memory
 from verl_mp.planner.cli import read_spec
-from verl_mp.planner.plan import GIB
+from verl_mp.planner.memory_plan import GIB
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ def test_preset_fits_as_labelled(name, tmp_path):
     assert model in MODEL_CONFIGS, f"{name}: add {model}'s config.json to tests/unit/planner_models.py"
     cfg = load_config(name, [f"model.path={write_config(tmp_path, model)}"])
     assert resolve_placement(cfg.trainer, enabled_roles(cfg)).num_ranks == gpus, "the header's GPU count must be the preset's ranks"
-    result = plan(cfg, read_spec(cfg.model.path), PlanOptions(gpu_memory_gib=gpu_gib))
+    result = plan_memory(cfg, read_spec(cfg.model.path), MemoryPlanOptions(gpu_memory_gib=gpu_gib))
     print(name, f"peak {result.peak.total / GIB:.1f} GiB ({result.peak.name})")
     assert result.fits, result.problems
     assert result.peak.total / GIB == pytest.approx(peak_gib, abs=0.05), "update the header's expected peak"

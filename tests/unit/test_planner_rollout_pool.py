@@ -10,9 +10,9 @@ from planner_models import MODEL_CONFIGS, write_config
 
 from verl_mp.cli import main as cli_main
 from verl_mp.config.loader import load_config
-from verl_mp.planner import PlanOptions, check_fits, plan
+from verl_mp.planner import MemoryPlanOptions, check_fits, plan_memory
 from verl_mp.planner.cli import read_spec
-from verl_mp.planner.plan import GIB, RUNTIME_OVERHEAD_BYTES
+from verl_mp.planner.memory_plan import GIB, RUNTIME_OVERHEAD_BYTES
 from verl_mp.planner.rollout import VLLM_ASLEEP_BYTES
 
 pytestmark = pytest.mark.unit
@@ -45,7 +45,7 @@ def model(tmp_path_factory):
 
 def planned(model, extra=(), gib=H100):
     cfg = load_config(PRESET, [f"model.path={model}", *extra])
-    return cfg, plan(cfg, read_spec(model), PlanOptions(gpu_memory_gib=gib))
+    return cfg, plan_memory(cfg, read_spec(model), MemoryPlanOptions(gpu_memory_gib=gib))
 
 
 def by_pool(result, pool):
@@ -157,10 +157,10 @@ def test_a_reward_model_on_the_critics_pool_is_planned_there(model):
           f"reward_model.path={write_config(model.parent, 'Qwen2-1.5B')}"]
 
     def planned_with(*extra):
-        return plan(load_config(preset, [*rm, *extra]), read_spec(model), PlanOptions(gpu_memory_gib=H100))
+        return plan_memory(load_config(preset, [*rm, *extra]), read_spec(model), MemoryPlanOptions(gpu_memory_gib=H100))
 
     colocated, shared = planned_with(), planned_with("trainer.placement.roles.reward_model=critic")
-    alone = plan(load_config(preset, [f"model.path={model}"]), read_spec(model), PlanOptions(gpu_memory_gib=H100))
+    alone = plan_memory(load_config(preset, [f"model.path={model}"]), read_spec(model), MemoryPlanOptions(gpu_memory_gib=H100))
     held = by_pool(colocated, "actor")["start"].parts["reward_model"]
     assert held > 1e9  # ~1.5B parameters in bf16
     assert all(ph.parts["reward_model"] == 0 for ph in by_pool(shared, "actor").values())

@@ -50,9 +50,9 @@ def test_config_show_prints_values_and_docstrings(capsys):
 def test_more_ranks_than_cores_warns(monkeypatch, caplog):
     import logging
 
-    from verl_mp.trainer import setup
+    from verl_mp.utils import launch
 
-    monkeypatch.setattr(setup.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
     with caplog.at_level(logging.WARNING):
-        setup._warn_oversubscribed(4)
+        launch.warn_oversubscribed(4)
     assert "trainer.nproc=4 ranks on 2 CPU cores" in caplog.text

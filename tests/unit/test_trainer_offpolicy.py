@@ -229,13 +229,12 @@ SPLIT = ["trainer.launcher=ray", "trainer.placement.pools.gen=[2]", "trainer.pla
      r"trainer.placement.roles.rollout='gen' is also the pool of reward_model: .* give reward_model another pool"),
 ])
 def test_preflight_refuses(tmp_path, overrides, message):
-    from verl_mp.config.placement import resolve_placement
-    from verl_mp.plan import enabled_roles
-    from verl_mp.trainer.setup import _check_rollout_pool
+    from verl_mp.trainer.config_check import config_errors
+    from verl_mp.utils.errors import ConfigErrors
 
     with pytest.raises(ValueError, match=message):
         cfg = load_config("grpo", overrides)
-        _check_rollout_pool(cfg, resolve_placement(cfg.trainer, enabled_roles(cfg)))
+        raise ConfigErrors(config_errors(cfg) or ["no error"])
 
 
 def test_plan_puts_the_rollout_in_a_group_of_its_own():

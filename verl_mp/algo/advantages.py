@@ -21,6 +21,8 @@ import torch
 from verl_mp.algo.registry import Registry
 from verl_mp.algo.utils import as_float_mask, has_warned, masked_whiten, warn_once
 from verl_mp.kernels.dispatch import select_impl
+from verl_mp.kernels.gae import gae_triton
+from verl_mp.kernels.group_adv import group_advantages_triton
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 _SINGLETON_KEY = "advantages/singleton-group"
@@ -158,8 +160,6 @@ def group_outcome_torch(
 def _group_outcome(rewards, response_mask, group_ids, mode, eps, impl) -> torch.Tensor:
     """Dispatch to the kernel or the reference and warn once about singleton groups."""
     if select_impl(impl, rewards.device) == "triton":
-        from verl_mp.kernels.group_adv import group_advantages_triton
-
         adv, _, sizes = group_advantages_triton(rewards, response_mask, group_ids, mode, eps)
     else:
         adv, _, sizes = group_outcome_torch(rewards, response_mask, group_ids, mode, eps)
@@ -176,8 +176,6 @@ def _discounted_returns(rewards, response_mask, gamma, impl) -> torch.Tensor:
     """Return-to-go over real tokens, `[B, T]` fp32 (GAE with values 0 and lambda 1)."""
     zeros = torch.zeros_like(rewards, dtype=torch.float32)
     if select_impl(impl, rewards.device) == "triton":
-        from verl_mp.kernels.gae import gae_triton
-
         return gae_triton(rewards.contiguous(), zeros, response_mask.contiguous(), gamma, 1.0)[0]
     return gae_scan_torch(rewards, zeros, response_mask, gamma, 1.0)[0]
 
@@ -190,8 +188,6 @@ def gae(token_level_rewards, values, response_mask, gamma, lam, *, whiten=True, 
     advantages are whitened over the batch's real tokens when `whiten`.
     """
     if select_impl(impl, token_level_rewards.device) == "triton":
-        from verl_mp.kernels.gae import gae_triton
-
         adv, ret = gae_triton(
             token_level_rewards.contiguous(),
             values.contiguous(),

@@ -94,6 +94,14 @@ class Registry(Mapping[str, Callable[..., Any]]):
             "or give a plugin as 'package.module:function'"
         )
 
+    def lookup(self, key: str, name: str) -> Callable[..., Any]:
+        """``self[name]``; an unknown name or a plugin that does not load raises a ValueError
+        naming ``key``, the setting that gave it (``algorithm.adv_estimator='foo': ...``)."""
+        try:
+            return self[name]
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"{key}={name!r}: {err}") from None
+
     def __contains__(self, name: object) -> bool:
         return name in self._fns
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from verl_mp.utils.buckets import pack_buckets
 from verl_mp.utils.dtypes import TORCH_DTYPES
+from verl_mp.utils.net import create_store
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +119,6 @@ class WeightChannel:
              timeout_minutes: float = 30) -> WeightChannel:
         """Join the channel (collective over its ``world_size`` members): rank 0 serves the
         store on ``host:port`` (a port it reserved, `verl_mp.utils.net.reserve_port`)."""
-        from verl_mp.utils.net import create_store
-
         timeout = datetime.timedelta(minutes=timeout_minutes)
         store = create_store(host, port, rank, world_size, timeout)
         return cls(dist.PrefixStore(f"verl_mp/{name}", store), rank, world_size, timeout)

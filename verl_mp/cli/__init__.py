@@ -11,6 +11,7 @@ import importlib
 import json
 import sys
 
+from verl_mp.utils import launch
 from verl_mp.utils.errors import RunFailed, StopNow
 from verl_mp.utils.logs import setup_logging
 
@@ -40,9 +41,7 @@ def _env(_args) -> int:
 
 def _launch(args) -> int:
     """Run a module on N local ranks (torchrun) after the rank-count check."""
-    from verl_mp.utils.launch import launch_local
-
-    launch_local(args.module, args.nproc, args.args, module=True)
+    launch.launch_local(args.module, args.nproc, args.args, module=True)
     return 0
 
 
@@ -51,11 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="print versions and devices")
     env.set_defaults(func=_env)
-    launch = sub.add_parser("launch", help="run a python module on N local ranks (torchrun)")
-    launch.add_argument("--nproc", type=int, required=True)
-    launch.add_argument("module")
-    launch.add_argument("args", nargs=argparse.REMAINDER)
-    launch.set_defaults(func=_launch)
+    launch_cmd = sub.add_parser("launch", help="run a python module on N local ranks (torchrun)")
+    launch_cmd.add_argument("--nproc", type=int, required=True)
+    launch_cmd.add_argument("module")
+    launch_cmd.add_argument("args", nargs=argparse.REMAINDER)
+    launch_cmd.set_defaults(func=_launch)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_subcommands(sub)
     return parser

@@ -22,7 +22,14 @@ import tempfile
 from pathlib import Path
 
 from verl_mp.config.parallel import ParallelConfig, validate_layout
-from verl_mp.config.rollout import WEIGHT_SYNC_MODES
+from verl_mp.config.rollout import (
+    WEIGHT_SYNC_MODES,
+    RolloutConfig,
+    validate_moe_rollout,
+    validate_rollout_layout,
+    validate_sync_mode,
+)
+from verl_mp.rollout.compat import check_vllm
 from verl_mp.utils.launch import launch_local
 
 logger = logging.getLogger(__name__)
@@ -95,6 +102,7 @@ def layout_cli(parallel: ParallelConfig) -> list:
 
 def preflight(model_dir: str | Path, parallel: ParallelConfig, *, config_only: bool = False):
     """Validate the checkpoint and the layout (raises ValueError/FileNotFoundError); return its spec."""
+    # lazy here and in run_convert: every `verl-mp` command imports this module to build its parser
     from verl_mp.models.hf_checkpoint import open_hf_checkpoint
 
     spec = open_hf_checkpoint(model_dir, config_only=config_only).spec
@@ -135,14 +143,6 @@ def run_verify_rollout(args) -> int:
     """Engine -> vLLM: one optimizer step, a sync, then vLLM vs engine log-probs."""
     import torch
 
-    from verl_mp.config.rollout import (
-        RolloutConfig,
-        validate_moe_rollout,
-        validate_rollout_layout,
-        validate_sync_mode,
-    )
-    from verl_mp.rollout.compat import check_vllm
-
     parallel = layout_from_args(args)
     spec = preflight(args.model, parallel)
     train_world = world_size(parallel)
@@ -179,7 +179,7 @@ def run_convert(args) -> int:
     if args.direction == "hf-to-megatron":
         preflight(args.src, parallel)
     else:
-        from verl_mp.cli.rank_convert import HF_SUBDIR, checkpoint_role
+        from verl_mp.cli.rank_convert import HF_SUBDIR, checkpoint_role  # lazy: see preflight
 
         checkpoint_role(args.src)
         preflight(Path(args.src) / HF_SUBDIR, parallel, config_only=True)

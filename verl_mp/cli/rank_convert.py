@@ -37,7 +37,7 @@ def checkpoint_role(ckpt_dir: str) -> str:
 
 
 def _engine(model_dir: str, role: str, parallel: ParallelConfig, dtype: str):
-    from verl_mp.engine.engine import MegatronEngine
+    from verl_mp.engine.engine import MegatronEngine  # lazy: megatron; `verl-mp convert` imports this module
 
     return MegatronEngine(EngineConfig(model_path=model_dir, role=role, dtype=dtype, parallel=parallel,
                                        attention_backend="sdpa"))

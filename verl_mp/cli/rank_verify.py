@@ -57,7 +57,7 @@ def hf_log_probs(model_dir: str, input_ids: torch.Tensor, attention_mask: torch.
 
 
 def engine_log_probs(config: EngineConfig, input_ids, attention_mask) -> torch.Tensor:
-    from verl_mp.engine.engine import MegatronEngine
+    from verl_mp.engine.engine import MegatronEngine  # lazy: megatron, seconds to import
 
     engine = MegatronEngine(config)
     engine.load_hf()

@@ -120,6 +120,7 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
+    # lazy (here and in the helpers above): megatron and vLLM take seconds; the arguments come first
     from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
     from verl_mp.config.optim import OptimConfig
     from verl_mp.config.parallel import ParallelConfig

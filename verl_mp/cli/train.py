@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 
 from verl_mp.config.loader import list_presets, load_config, load_config_checked
+from verl_mp.config.reference import resolved_rows
+from verl_mp.config.schema import RootConfig
 from verl_mp.utils.errors import ConfigErrors
+from verl_mp.utils.logs import Heartbeat
 
 DEMO_PRESET = "tiny_cpu"
 """The default preset: with no model.path and no data it runs the embedded demo."""
@@ -45,9 +48,6 @@ def add_subcommands(sub) -> None:
 
 
 def _keys_epilog() -> str:
-    from verl_mp.config.reference import resolved_rows
-    from verl_mp.config.schema import RootConfig
-
     values = {key: value.strip("`") for key, _, value, _ in resolved_rows(RootConfig())}
     width = max(map(len, COMMON_KEYS))
     lines = ["most used keys (default); all: `verl-mp config show`, docs/configuration.md:"]
@@ -57,8 +57,6 @@ def _keys_epilog() -> str:
 
 def config_show(args) -> int:
     """Print every key of the resolved configuration, its value and its docstring."""
-    from verl_mp.config.reference import resolved_rows
-
     cfg = load_config(args.config_name, args.overrides)
     for key, _, value, doc in resolved_rows(cfg):
         if value == "(section)":
@@ -84,9 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def train(args) -> int:
     """Every configuration error at once and within seconds (no model, data or demo needed to
     find them), then the demo's warm start if needed, then the run (which checks the rest)."""
-    from verl_mp.trainer.run import run
-    from verl_mp.trainer.setup import config_errors
-    from verl_mp.utils.logs import Heartbeat
+    # lazy here and below: `verl-mp --help` and a config error exit within seconds; the run's
+    # modules (planner, data, reward workers, Ray) are imported once the config is valid
+    from verl_mp.trainer.config_check import config_errors
 
     cfg, errors = load_config_checked(args.config_name, args.overrides)
     if cfg is not None:
@@ -95,6 +93,8 @@ def train(args) -> int:
         errors += [refusal] if refusal else []
     if errors:
         raise ConfigErrors(errors)
+    from verl_mp.trainer.run import run
+
     if not cfg.model.path:
         with Heartbeat("preparing the embedded demo (data, tokenizer, warm start)"):
             cfg = demo_config(cfg, args.config_name)
@@ -104,7 +104,7 @@ def train(args) -> int:
 def demo_refusal(cfg, config_name: str) -> str | None:
     """Why a config without model.path cannot run the embedded demo, or None when it can: the
     demo never replaces what the user set, and runs only with a demo preset."""
-    from verl_mp.demo.presets import DEMO_PRESETS
+    from verl_mp.demo.presets import DEMO_PRESETS  # lazy: ~70 ms that `verl-mp --help` need not pay
 
     given = [f"data.{k}={v}" for k in ("train_files", "val_files") if (v := getattr(cfg.data, k))]
     if given:
@@ -124,7 +124,7 @@ def demo_refusal(cfg, config_name: str) -> str | None:
 def demo_config(cfg, config_name: str):
     """The embedded demo, only when the user gave neither a model nor data: it never
     replaces what the user set."""
-    from verl_mp.demo.presets import DEMO_PRESETS
+    from verl_mp.demo.presets import DEMO_PRESETS  # lazy: see demo_refusal
     from verl_mp.demo.warm_start import prepare_demo
 
     refusal = demo_refusal(cfg, config_name)

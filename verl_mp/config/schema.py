@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from verl_mp.config.engine import EngineSettings, OffloadConfig
+from verl_mp.config.engine import MAY_DIFFER_ON_RESUME, EngineSettings, ForwardSettings, ParamOffloadConfig
 from verl_mp.config.moe import MoEConfig
 from verl_mp.config.parallel import ParallelConfig
 from verl_mp.config.placement import PlacementConfig
@@ -85,7 +85,7 @@ ROUTER_REPLAY_MODES = ("off", "rollout", "old_logprob")
 
 @dataclass(kw_only=True)
 class EngineRoleConfig(EngineSettings):
-    """A Megatron engine role (actor, reference or critic).
+    """A Megatron engine role that trains (actor or critic).
 
     Roles colocated in the same processes share the actor's parallel layout
     (``actor.megatron``): megatron keeps one model-parallel state per process. A critic on
@@ -93,8 +93,17 @@ class EngineRoleConfig(EngineSettings):
     Every field reaches the role's engine on every rank (`verl_mp.plan`).
     """
 
+
+@dataclass(kw_only=True)
+class ReferenceConfig(ForwardSettings):
+    """The reference policy: a frozen copy of the initial actor, one forward pass per step on the
+    actor's layout. It has no optimizer, gradients or backward pass, so of the engine settings
+    it takes only how its passes batch and attend, and whether its parameters leave the device
+    while the rollout generates; its engine gets the defaults of the rest (`verl_mp.plan`)."""
+
+    offload: ParamOffloadConfig = field(default_factory=lambda: ParamOffloadConfig(params=True),
+                                        metadata=MAY_DIFFER_ON_RESUME)
     _section: ClassVar[str] = "ref"
-    """The config key of this role (error messages name it)."""
 
 
 @dataclass(kw_only=True)
@@ -383,7 +392,7 @@ class RootConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
-    ref: EngineRoleConfig = field(default_factory=lambda: EngineRoleConfig(offload=OffloadConfig(params=True)))
+    ref: ReferenceConfig = field(default_factory=ReferenceConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -111,7 +111,7 @@ def build_tiny_checkpoint(kind: str, out_dir: str | Path, *, seed: int = 0, shar
     """
     import transformers
 
-    from verl_mp.demo.tokenizer import save_tiny_tokenizer
+    from verl_mp.demo.tokenizer import save_tiny_tokenizer  # lazy: transformers, ~2 s
 
     config_cls, model_cls, extra = {**TINY_MODELS, **TINY_MOE_MODELS, **ENGINE_ONLY_MOE_MODELS}[kind]
     config = getattr(transformers, config_cls)(**{**_COMMON, **extra, **overrides})
@@ -224,7 +224,7 @@ def save_tiny_deepseek_v3(output_dir: str | Path, *, seed: int = 0, dtype: torch
 def tiny_tokenizer_config(config_cls, model_cls, shape: dict, vocab_size: int | None = None):
     """``(config, tokenizer)``: an HF ``config_cls`` of ``shape`` whose vocabulary and special
     token ids are the tiny tokenizer's (padded to ``vocab_size`` if given)."""
-    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import ENDOFTEXT_TOKEN, build_tiny_tokenizer  # lazy: transformers, ~2 s
 
     tokenizer = build_tiny_tokenizer(vocab_size)
     config = config_cls(vocab_size=len(tokenizer), rms_norm_eps=1e-6,

@@ -34,7 +34,12 @@ from pathlib import Path
 
 import torch
 
-from verl_mp.demo.warm_start import WARM_START_RECORD, DemoSettings, _probe_ids
+from verl_mp.data.chat_fragments import ToolResponseFormat
+from verl_mp.demo.tiny_models import qwen2_shape, tiny_tokenizer_config
+from verl_mp.demo.warm_start import WARM_START_RECORD, DemoSettings, _probe_ids, demo_model_shape
+from verl_mp.reward.rules import arith_exact_reward
+from verl_mp.reward.tool_parser import hermes
+from verl_mp.reward.tools import calculator
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +83,7 @@ TOOL_DEMO = ToolDemoSettings(max_digits=3, second_digits=3)
 
 
 def build_tool_tokenizer():
-    from verl_mp.demo.tokenizer import build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import build_tiny_tokenizer  # lazy: transformers, ~2 s
 
     return build_tiny_tokenizer(extra_words=TOOL_WORDS, added_tokens=TOOL_TOKENS)
 
@@ -103,7 +108,7 @@ def problem_rows(num: int, seed: int, split: str, exclude: set | None = None) ->
 
 
 def write_tool_dataset(out_dir: Path, s: ToolDemoSettings) -> tuple[Path, Path]:
-    from verl_mp.data.schema import write_rows
+    from verl_mp.data.schema import write_rows  # lazy: pyarrow; `verl-mp train` imports this module
 
     test = problem_rows(s.num_test, s.seed, "test")
     train = problem_rows(s.num_train, s.seed, "train", {(r["extra_info"]["a"], r["extra_info"]["b"]) for r in test})
@@ -114,9 +119,6 @@ def conversation(tok, fmt, prompt_ids: list[int], a: int, b: int, kind: str,
                  max_tool_tokens: int = 16) -> tuple[list[int], list[int]]:
     """``(ids, loss mask)`` of one teacher conversation: ``direct``, ``good`` or ``malformed``
     (the tool response's content cut to ``max_tool_tokens``, as the rollout cuts it)."""
-    from verl_mp.reward.tool_parser import hermes
-    from verl_mp.reward.tools import calculator
-
     def turn(text: str) -> list[int]:
         return tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
 
@@ -134,10 +136,6 @@ def conversation(tok, fmt, prompt_ids: list[int], a: int, b: int, kind: str,
 
 def build_tool_demo(root: Path, model_dir: Path, data_dir: Path, s: ToolDemoSettings) -> None:
     """Data, a random tiny Qwen2 with the tool tokenizer, the warm start, its held-out scores."""
-    from verl_mp.data.chat_fragments import ToolResponseFormat
-    from verl_mp.demo.tiny_models import qwen2_shape, tiny_tokenizer_config
-    from verl_mp.demo.warm_start import demo_model_shape
-
     start = time.monotonic()
     train, test = write_tool_dataset(data_dir, s)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -239,10 +237,6 @@ def greedy_tool_scores(model, tok, fmt, examples, max_new_tokens: int = 32,
     """Greedy held-out scores of the two-turn loop run with HF generate: ``exact`` (what RL is
     rewarded for), ``called_tool`` (the first turn called a tool), ``call_ok`` (the calculator
     answered it)."""
-    from verl_mp.reward.rules import arith_exact_reward
-    from verl_mp.reward.tool_parser import hermes
-    from verl_mp.reward.tools import calculator
-
     first = _greedy(model, tok, [e[0] for e in examples], max_new_tokens)
     follow, exact, called, ok = {}, 0.0, 0.0, 0.0
     for i, (example, turn) in enumerate(zip(examples, first, strict=True)):

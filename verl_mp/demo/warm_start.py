@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 
 from verl_mp.config.schema import RootConfig
+from verl_mp.demo.tiny_models import qwen2_shape, save_tiny_moe, save_tiny_qwen2, tiny_tokenizer_config
+from verl_mp.reward.rules import arith_exact_reward
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +167,7 @@ at those values they stay out of the key, so the caches of the existing demos st
 def demo_key(settings: DemoSettings) -> str:
     """12 hex digits over the settings (device and dtype as resolved on this machine) and the
     tokenizer (its pipeline and chat template)."""
-    from verl_mp.demo.tokenizer import build_tiny_tokenizer
+    from verl_mp.demo.tokenizer import build_tiny_tokenizer  # lazy: transformers, ~2 s
 
     own = getattr(settings, "build_tokenizer", None)  # a demo with a tokenizer of its own (the tool demo)
     tok = own() if own is not None else build_tiny_tokenizer(settings.vocab_size)
@@ -222,8 +224,7 @@ def _cached(record: Path, model_dir: Path) -> bool:
 
 
 def _build(root: Path, model_dir: Path, data_dir: Path, s: DemoSettings) -> None:
-    from verl_mp.demo.task import write_synthetic_dataset
-    from verl_mp.demo.tiny_models import save_tiny_qwen2
+    from verl_mp.demo.task import write_synthetic_dataset  # lazy: pyarrow, only when building
 
     _check_device(s)
     logger.info("demo: building data and a %d-layer model of width %d under %s (one-time, ~2 min)",
@@ -261,8 +262,6 @@ def demo_model_shape(s: DemoSettings) -> dict:
 
 def _save_moe_init(out_dir: Path, s: MoEDemoSettings) -> Path:
     """The MoE demo's random initial model (before the warm start)."""
-    from verl_mp.demo.tiny_models import save_tiny_moe
-
     return save_tiny_moe(out_dir, hidden_size=s.hidden_size, num_layers=s.num_layers, num_heads=s.num_heads,
                          num_kv_heads=s.num_kv_heads, num_experts=s.num_experts, top_k=s.top_k,
                          moe_intermediate_size=s.moe_intermediate_size, seed=s.seed, vocab_size=s.vocab_size)
@@ -273,8 +272,6 @@ def write_demo_model_config(out_dir: str | Path, s: DemoSettings) -> Path:
     plan --config-name demo_gpu``): only the config for the dense demos; for the (tiny) MoE
     demo, its random initial checkpoint (the same shape)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from verl_mp.demo.tiny_models import qwen2_shape, tiny_tokenizer_config
 
     if isinstance(s, MoEDemoSettings):
         return _save_moe_init(Path(out_dir), s)
@@ -359,8 +356,6 @@ def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.T
 def greedy_scores(model, tok, examples, max_new_tokens: int = 12) -> dict[str, float]:
     """Greedy held-out accuracy under ``arith_exact`` ("exact", what RL is rewarded for) and
     with a trailing period forgiven ("ignoring_period": the arithmetic skill)."""
-    from verl_mp.reward.rules import arith_exact_reward
-
     model.eval()
     by_length: dict[int, list] = {}
     for example in examples:  # equal-length prompts batch without padding

@@ -9,10 +9,8 @@ from typing import ClassVar
 from verl_mp.config.engine import EngineSettings
 from verl_mp.config.moe import MoEConfig
 from verl_mp.config.parallel import ParallelConfig
+from verl_mp.config.roles import ENGINE_ROLES
 from verl_mp.utils.dtypes import TRAIN_DTYPES, check_dtype
-
-ENGINE_ROLES = ("actor", "ref", "critic")
-
 
 @dataclass(kw_only=True)
 class EngineConfig(EngineSettings):

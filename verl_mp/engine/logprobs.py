@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from verl_mp.kernels import logprob_loss
 from verl_mp.kernels.dispatch import select_impl
 
 
@@ -67,11 +68,10 @@ def vocab_parallel_log_probs(
     """
     group, tp_rank, tp_size = _tp()
     if select_impl(impl, logits.device) == "triton":
-        from verl_mp.kernels.logprob_loss import vocab_parallel_log_probs as fused
-
-        return fused(logits.contiguous(), targets.long().contiguous(), compute_entropy=with_entropy,
-                     tp_group=group if tp_size > 1 else None, vocab_start=tp_rank * logits.shape[-1],
-                     vocab_size=vocab_size, temperature=temperature, impl="triton")
+        return logprob_loss.vocab_parallel_log_probs(
+            logits.contiguous(), targets.long().contiguous(), compute_entropy=with_entropy,
+            tp_group=group if tp_size > 1 else None, vocab_start=tp_rank * logits.shape[-1],
+            vocab_size=vocab_size, temperature=temperature, impl="triton")
     return _log_probs_torch(logits, targets, vocab_size, temperature, with_entropy, group, tp_rank, tp_size)
 
 

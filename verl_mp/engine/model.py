@@ -13,6 +13,7 @@ from verl_mp.engine.value_head import ValueHead
 from verl_mp.models.layer_spec import decoder_block_spec
 from verl_mp.models.rope import rope_inv_freq
 from verl_mp.models.spec import GPTSpec, padded_vocab_size
+from verl_mp.patches import megatron_mla, megatron_moe, megatron_router_bias
 from verl_mp.utils.dtypes import TORCH_DTYPES
 
 
@@ -133,13 +134,9 @@ def build_gpt_chunks(spec: GPTSpec, config, state: ParallelState, layer_spec=Non
     from megatron.core.models.gpt import GPTModel
 
     if spec.moe is not None:
-        from verl_mp.patches import megatron_moe, megatron_router_bias
-
         megatron_moe.install()
         megatron_router_bias.install()
     if spec.mla is not None:
-        from verl_mp.patches import megatron_mla
-
         megatron_mla.install()
     chunks = []
     with megatron_scope():

@@ -22,6 +22,10 @@ import torch
 import torch.distributed as dist
 
 from verl_mp.config.moe import MoEConfig
+from verl_mp.engine.batching import dummy_like, pad_model_inputs
+from verl_mp.engine.layout import unwrap
+from verl_mp.engine.routing_replay import RoutingReplay
+from verl_mp.engine.runtime import local_device
 from verl_mp.models.spec import GPTSpec
 
 
@@ -105,8 +109,6 @@ class RouterLossScale:
 
 def moe_routers(chunks: list) -> list[tuple[int, torch.nn.Module]]:
     """``(global layer index, router)`` of every MoE layer in this rank's chunks."""
-    from verl_mp.engine.layout import unwrap
-
     out = []
     for chunk in chunks:
         for layer in unwrap(chunk).decoder.layers:
@@ -224,8 +226,6 @@ def summarise(counts: torch.Tensor, prob_sums: torch.Tensor, tokens: torch.Tenso
 
 
 def _device() -> torch.device:
-    from verl_mp.engine.runtime import local_device
-
     return local_device()
 
 
@@ -243,8 +243,6 @@ class MoERuntime:
         self.loss_scale = RouterLossScale(moe, state.tp_size if self.sequence_parallel else 1)
         self.stats = RouterStats(spec.num_layers, spec.moe.num_experts, spec.moe.top_k)
         self._hooks = self.stats.attach(chunks)
-        from verl_mp.engine.routing_replay import RoutingReplay
-
         self.replay = RoutingReplay(moe_routers(chunks), spec.num_layers, spec.moe.top_k, state,
                                     self.sequence_parallel)
 
@@ -252,8 +250,6 @@ class MoERuntime:
         """Pad ``mbs`` (and append padding micro-batches) so every rank of an MoE token
         exchange runs the same micro-batches; returns the new list."""
         from megatron.core import parallel_state as mps
-
-        from verl_mp.engine.batching import dummy_like, pad_model_inputs
 
         shapes = [tuple(mb.model_inputs["input_ids"].shape) for mb in mbs]
         plan = torch.tensor([len(mbs), max(b for b, _ in shapes), max(s for _, s in shapes)], device=_device())
@@ -280,8 +276,6 @@ class MoERuntime:
     def on_forward(self, batch: dict, model) -> dict:
         """Before a micro-batch's forward on one chunk: router-loss coefficients, the stats'
         token mask; returns the model's ``padding_mask`` argument (True on padding)."""
-        from verl_mp.engine.layout import unwrap
-
         mb = batch["_mb"]
         keep = mb.model_token_mask()  # [rows, width], model-input layout
         local = self._sp_slice(keep.t())  # [width (/TP), rows]: the routers' token order

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from verl_mp.engine.runtime import local_device
+
 ROUTING_DTYPE = torch.int16
 """Expert indices up to 32767; -1 marks natural routing."""
 
@@ -166,6 +168,4 @@ def _gather_rows(local: torch.Tensor, batch_size: int, dp_size: int, group) -> t
 
 
 def _device() -> torch.device:
-    from verl_mp.engine.runtime import local_device
-
     return local_device()

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from verl_mp.config.parallel import ParallelConfig, validate_layout
 from verl_mp.patches import megatron_cpu
+from verl_mp.utils import net
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ def init_distributed(timeout_minutes: int = 30) -> None:
     """
     if dist.is_initialized():
         return
-    from verl_mp.utils import net
-
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(net.reserve_port("127.0.0.1")))

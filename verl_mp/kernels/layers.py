@@ -87,7 +87,7 @@ class _RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from verl_mp.kernels._layers_triton import rmsnorm_bwd_kernel
+        from verl_mp.kernels._layers_triton import rmsnorm_bwd_kernel  # lazy: reads TRITON_INTERPRET
 
         x2, weight, rstd = ctx.saved_tensors
         rows, hidden = x2.shape
@@ -107,7 +107,7 @@ class _RMSNorm(torch.autograd.Function):
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
-        from verl_mp.kernels._layers_triton import swiglu_fwd_kernel
+        from verl_mp.kernels._layers_triton import swiglu_fwd_kernel  # lazy: reads TRITON_INTERPRET
 
         x2 = _rows(x)
         check_tensor("swiglu x", x2, dtypes=FLOAT_DTYPES)
@@ -122,7 +122,7 @@ class _SwiGLU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from verl_mp.kernels._layers_triton import swiglu_bwd_kernel
+        from verl_mp.kernels._layers_triton import swiglu_bwd_kernel  # lazy: reads TRITON_INTERPRET
 
         (x2,) = ctx.saved_tensors
         ffn = x2.shape[1] // 2

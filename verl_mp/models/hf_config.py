@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,13 @@ def _as_dict(hf_config: Any) -> dict:
     if hasattr(hf_config, "to_dict"):
         return hf_config.to_dict()
     raise TypeError(f"expected an HF config (PretrainedConfig or dict), got {type(hf_config).__name__}")
+
+
+def spec_from_model_dir(path: str) -> GPTSpec:
+    """The `GPTSpec` of the HF checkpoint directory ``path`` (its config.json)."""
+    from transformers import AutoConfig  # start-up cost (~1 s): not on the config-error path
+
+    return spec_from_hf_config(AutoConfig.from_pretrained(path), source=os.path.join(path, "config.json"))
 
 
 def spec_from_hf_config(hf_config: Any, source: str = "config.json") -> GPTSpec:

@@ -243,7 +243,7 @@ def with_grouped_experts(layer_spec):
     SequentialMLP experts replaced by `GroupedExperts` (same parameters), in place."""
     from megatron.core.transformer.moe.experts import SequentialMLP
 
-    from verl_mp.models.grouped_experts import GroupedExperts
+    from verl_mp.models.grouped_experts import GroupedExperts  # lazy: imports megatron, like this function
 
     specs = layer_spec.layer_specs if hasattr(layer_spec, "layer_specs") else [layer_spec]
     for one in specs:

@@ -21,6 +21,7 @@ from verl_mp.plan.run_plan import (
     GroupPlan,
     RunPlan,
     build_plan,
+    check_critic_layout,
     critic_enabled,
     critic_layout,
     enabled_roles,
@@ -29,5 +30,5 @@ from verl_mp.plan.run_plan import (
     save_plan,
 )
 
-__all__ = ["ENGINE_ROLES", "GROUPS", "ROLES", "GroupPlan", "RunPlan", "build_plan", "critic_enabled",
-           "critic_layout", "enabled_roles", "load_plan", "reference_enabled", "save_plan"]
+__all__ = ["ENGINE_ROLES", "GROUPS", "ROLES", "GroupPlan", "RunPlan", "build_plan", "check_critic_layout",
+           "critic_enabled", "critic_layout", "enabled_roles", "load_plan", "reference_enabled", "save_plan"]

@@ -3,29 +3,26 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from omegaconf import OmegaConf
 
 from verl_mp.algo import estimator_spec
-from verl_mp.config.engine import EngineSettings, default_token_budget
-from verl_mp.config.parallel import ParallelConfig
-from verl_mp.config.placement import GROUPS, Placement, resolve_placement  # noqa: F401  (re-exported)
+from verl_mp.config.checks import check_batch_sizes
+from verl_mp.config.engine import EngineSettings, OffloadConfig, default_token_budget
+from verl_mp.config.parallel import ParallelConfig, validate_layout
+from verl_mp.config.placement import Placement, resolve_placement
+from verl_mp.config.roles import ENGINE_ROLES, GROUPS, ROLES  # noqa: F401  (re-exported)
 from verl_mp.config.rollout import RolloutConfig
 from verl_mp.config.schema import (
     EngineRoleConfig,
     PolicyUpdateConfig,
+    ReferenceConfig,
     RewardModelConfig,
     RootConfig,
     ValueUpdateConfig,
 )
-from verl_mp.engine.config import ENGINE_ROLES, EngineConfig  # noqa: F401  (re-exported)
-
-ROLES = ("actor", "ref", "rollout", "critic", "reward_model")
-"""What a process can host. The actor and its reference always share the
-``actor_rollout_ref`` group; the rollout, the critic and the reward model join it unless
-placed apart (a rollout group hosts vLLM alone)."""
-
+from verl_mp.engine.config import EngineConfig
 
 @dataclass(kw_only=True)
 class GroupPlan:
@@ -106,6 +103,27 @@ def critic_layout(cfg: RootConfig) -> ParallelConfig:
     return cfg.critic.megatron if cfg.critic.megatron is not None else cfg.actor.megatron
 
 
+def check_critic_layout(cfg: RootConfig, placement: Placement, spec) -> None:
+    """The critic's layout (`critic_layout`) on its pool and the model (``spec``: its `GPTSpec`):
+    a colocated critic uses the actor's."""
+    if not critic_enabled(cfg):
+        return
+    if placement.colocated("critic"):
+        if cfg.critic.megatron is not None and cfg.critic.megatron != cfg.actor.megatron:
+            raise ValueError("critic.megatron differs from actor.megatron, but the critic is colocated with the "
+                             "actor (one Megatron layout per process); remove critic.megatron or put the critic "
+                             "on its own pool (trainer.placement.roles.critic)")
+        return
+    world = placement.pool_size("critic")
+    try:
+        dp = validate_layout(critic_layout(cfg), world, spec.shape, prefix="critic.megatron.")
+    except ValueError as err:
+        unset = " (critic.megatron is unset: the actor's layout applies)" if cfg.critic.megatron is None else ""
+        raise ValueError(f"{err}; the critic pool {placement.roles['critic']!r} has {world} ranks{unset}") from None
+    check_batch_sizes(cfg, dp, whose="the critic's ",
+                      fix=f" (pool {placement.roles['critic']!r}); change the critic pool or critic.megatron")
+
+
 def enabled_roles(cfg: RootConfig) -> dict[str, bool]:
     """Which placement groups have work in this run."""
     return {"actor_rollout_ref": True, "critic": critic_enabled(cfg), "reward_model": cfg.reward_model.enable,
@@ -145,11 +163,14 @@ def _optimizer_steps(cfg: RootConfig, epochs: int | None = None) -> int:
     return max(1, cfg.trainer.total_steps * per_rl_step)
 
 
-def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: ParallelConfig, horizon: int,
-            epochs: int | None = None) -> EngineConfig:
-    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name, plus
-    what the run decides."""
-    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)}
+def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig | ReferenceConfig, parallel: ParallelConfig,
+            horizon: int, epochs: int | None = None) -> EngineConfig:
+    """Every `EngineSettings` field of ``section`` (actor, ref or critic), copied by name (the
+    defaults of those a frozen reference has not: optimizer, recompute, offload of gradients and
+    optimizer), plus what the run decides."""
+    settings = {f.name: copy.deepcopy(getattr(section, f.name)) for f in fields(EngineSettings)
+                if hasattr(section, f.name)}
+    settings["offload"] = OffloadConfig(**asdict(section.offload))
     settings["max_tokens_per_micro_batch"] = _token_budget(cfg, section)
     return EngineConfig(
         **settings, model_path=cfg.model.path, role=role, dtype=cfg.model.dtype, parallel=parallel,
@@ -159,7 +180,7 @@ def _engine(cfg: RootConfig, role: str, section: EngineRoleConfig, parallel: Par
     )
 
 
-def _token_budget(cfg: RootConfig, section: EngineRoleConfig) -> int | None:
+def _token_budget(cfg: RootConfig, section: EngineRoleConfig | ReferenceConfig) -> int | None:
     """The role's token budget: as set (preflight fills an unset one with the planner's
     choice, `verl_mp.planner.choose`), else the fallback for a plan built without preflight."""
     if section.max_tokens_per_micro_batch is None and section.micro_batch_size is None:

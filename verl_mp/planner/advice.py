@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from verl_mp.config.checks import check_batch_sizes
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.placement import resolve_placement
 from verl_mp.config.rollout import validate_rollout_layout
@@ -23,7 +24,7 @@ from verl_mp.config.engine import default_token_budget
 from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import enabled_roles
-from verl_mp.planner.plan import Plan, PlanOptions, plan
+from verl_mp.planner.memory_plan import MemoryPlan, MemoryPlanOptions, plan_memory
 
 KINDS = ("parallelism", "micro-batch", "recompute", "offload", "rollout memory", "combined")
 MAX_COMBINED = 4
@@ -44,9 +45,9 @@ def apply_overrides(cfg: RootConfig, overrides) -> RootConfig:
     return OmegaConf.to_object(merged)
 
 
-def suggest(cfg: RootConfig, spec: GPTSpec, options: PlanOptions, base: Plan | None = None) -> list[Suggestion]:
+def suggest(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions, base: MemoryPlan | None = None) -> list[Suggestion]:
     """Ranked suggestions that lower the peak of ``cfg``'s plan (empty if nothing helps)."""
-    base = base or plan(cfg, spec, options)
+    base = base or plan_memory(cfg, spec, options)
     evaluated = [_evaluate(cfg, spec, options, kind, summary, ovr)
                  for kind, summary, ovr in candidates(cfg, spec, base)]
     # within a kind the candidates come cheapest first (selective before full recompute)
@@ -60,7 +61,7 @@ def suggest(cfg: RootConfig, spec: GPTSpec, options: PlanOptions, base: Plan | N
     return found
 
 
-def candidates(cfg: RootConfig, spec: GPTSpec, base: Plan) -> list[tuple[str, str, list[str]]]:
+def candidates(cfg: RootConfig, spec: GPTSpec, base: MemoryPlan) -> list[tuple[str, str, list[str]]]:
     """(kind, summary, overrides) of every single change worth planning. Layout and
     recompute changes are for the actor (and what shares its layout); a critic on a pool
     of its own is not re-laid out here."""
@@ -116,7 +117,7 @@ def _micro_batch_candidates(cfg: RootConfig, role: str) -> list[tuple[str, str, 
     return [("micro-batch", f"lower {role}.micro_batch_size to {half}", [f"{role}.micro_batch_size={half}"])]
 
 
-def _fitting_utilization(cfg: RootConfig, base: Plan) -> float | None:
+def _fitting_utilization(cfg: RootConfig, base: MemoryPlan) -> float | None:
     """The largest gpu_memory_utilization (a multiple of 0.05) at which the phases with vLLM
     awake fit (start and generate; every phase of a rollout on its own pool), if lower than
     the current one."""
@@ -134,7 +135,7 @@ def _evaluate(cfg, spec, options, kind, summary, overrides) -> Suggestion | None
     try:
         new = apply_overrides(cfg, overrides)
         _check_batches(new, spec)
-        result = plan(new, spec, options)
+        result = plan_memory(new, spec, options)
     except ValueError:  # an invalid layout or batch split: not a suggestion
         return None
     return Suggestion(kind, summary, tuple(overrides), result.peak.total, result.peak.name, result.fits)
@@ -143,14 +144,12 @@ def _evaluate(cfg, spec, options, kind, summary, overrides) -> Suggestion | None
 def _check_batches(cfg: RootConfig, spec: GPTSpec) -> None:
     """The batch-size and rollout-layout checks of preflight that a layout change can break."""
     world = cfg.trainer.world_size
-    dp = validate_layout(cfg.actor.megatron, world, spec.shape)
-    if (cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n) % dp:
-        raise ValueError("mini-batch not divisible by the data-parallel size")
+    check_batch_sizes(cfg, validate_layout(cfg.actor.megatron, world, spec.shape))
     placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
     validate_rollout_layout(cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
 
 
-def _combine(cfg, spec, options, base: Plan) -> Suggestion | None:
+def _combine(cfg, spec, options, base: MemoryPlan) -> Suggestion | None:
     """Greedy combinations: first by the ranking's order of kinds (the user's order of
     preference), else by the lowest peak; the first that fits, or the lower one."""
     tries = [c for by_kind in (True, False) if (c := _greedy(cfg, spec, options, base, by_kind)) is not None]
@@ -159,7 +158,7 @@ def _combine(cfg, spec, options, base: Plan) -> Suggestion | None:
     return min(tries, key=lambda s: (not s.fits, tries.index(s) if s.fits else s.peak_bytes))
 
 
-def _greedy(cfg, spec, options, base: Plan, by_kind: bool) -> Suggestion | None:
+def _greedy(cfg, spec, options, base: MemoryPlan, by_kind: bool) -> Suggestion | None:
     """Apply the preferred change that lowers the peak, repeat until it fits."""
     applied: list[str] = []
     current, current_plan = cfg, base
@@ -174,7 +173,7 @@ def _greedy(cfg, spec, options, base: Plan, by_kind: bool) -> Suggestion | None:
         best = min(better, key=key)
         applied += best.overrides
         current = apply_overrides(current, best.overrides)
-        current_plan = plan(current, spec, options)
+        current_plan = plan_memory(current, spec, options)
         if current_plan.fits:
             break
     if not applied:

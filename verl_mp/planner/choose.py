@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 from verl_mp.config.parallel import validate_layout
 from verl_mp.config.engine import DEFAULT_BUDGET_ROWS, default_token_budget
-from verl_mp.config.schema import EngineRoleConfig, RootConfig
+from verl_mp.config.engine import ForwardSettings
+from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
 from verl_mp.plan import critic_enabled, reference_enabled
-from verl_mp.planner.plan import PlanOptions, plan
+from verl_mp.planner.memory_plan import MemoryPlanOptions, plan_memory
 
 HEADROOM = 0.9
 """Chosen settings keep every phase under this share of the GPU: room for the allocator's
@@ -54,7 +55,7 @@ def auto_roles(cfg: RootConfig) -> list[str]:
     return [r for r in roles if _unset(getattr(cfg, r))]
 
 
-def _unset(section: EngineRoleConfig) -> bool:
+def _unset(section: ForwardSettings) -> bool:
     return section.micro_batch_size is None and section.max_tokens_per_micro_batch is None
 
 
@@ -63,7 +64,7 @@ def _with_budgets(cfg: RootConfig, budgets: dict[str, int]) -> RootConfig:
                                        for role, b in budgets.items()})
 
 
-def choose(cfg: RootConfig, spec: GPTSpec, options: PlanOptions | None) -> tuple[RootConfig, list[Choice]]:
+def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
     """``cfg`` with the unset micro-batching filled in, and what was chosen. ``options`` None:
     no GPU to plan for."""
     roles = auto_roles(cfg)
@@ -105,8 +106,8 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: PlanOptions | None) -> tuple
     return _with_budgets(cfg, budgets), choices
 
 
-def _fits(cfg: RootConfig, spec: GPTSpec, options: PlanOptions) -> bool:
-    result = plan(cfg, spec, options)
+def _fits(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions) -> bool:
+    result = plan_memory(cfg, spec, options)
     return not result.problems and all(ph.total <= HEADROOM * result.gpu_bytes for ph in result.phases)
 
 

@@ -18,10 +18,11 @@ import json
 import os
 
 from verl_mp.config.loader import load_config
+from verl_mp.models.hf_config import spec_from_hf_config
 from verl_mp.planner.advice import suggest
 from verl_mp.planner.choose import choose, render_choices
 from verl_mp.planner.known_models import MODEL_CONFIGS, hf_config_url, preset_model
-from verl_mp.planner.plan import PlanOptions, plan
+from verl_mp.planner.memory_plan import MemoryPlanOptions, plan_memory
 from verl_mp.planner.report import render, render_suggestions
 
 
@@ -45,8 +46,6 @@ def add_subcommands(subparsers) -> None:
 def read_spec(model_path: str, config_name: str | None = None):
     """`GPTSpec` of ``model_path``/config.json (only the config is read); the error names the
     HF file to fetch (the preset's model's, when ``config_name`` is a real-model preset)."""
-    from verl_mp.models.hf_config import spec_from_hf_config
-
     path = os.path.join(model_path, "config.json")
     if not model_path or not os.path.isfile(path):
         model = preset_model(config_name) if config_name else None
@@ -60,8 +59,6 @@ def read_spec(model_path: str, config_name: str | None = None):
 
 def _preset_spec(config_name: str):
     """(`GPTSpec`, where it came from) of the model a real-model preset is sized for, or None."""
-    from verl_mp.models.hf_config import spec_from_hf_config
-
     model = preset_model(config_name)
     if model is None or model not in MODEL_CONFIGS:
         return None
@@ -77,6 +74,7 @@ def _demo_spec(config_name: str):
     """`GPTSpec` of a demo preset's model (`verl_mp.demo.warm_start.DEMO_PRESETS`), or None."""
     import tempfile
 
+    # lazy: every `verl-mp` command imports this module to build its parser (the demos: ~70 ms)
     from verl_mp.demo.presets import DEMO_PRESETS
     from verl_mp.demo.warm_start import write_demo_model_config
 
@@ -100,10 +98,10 @@ def run_plan(args) -> int:
     if args.config_name in CPU_DEMO_PRESETS and args.gpu_memory_gib is None:
         print(_cpu_run_note(cfg, args.config_name, spec))
         return 0
-    options = PlanOptions(gpu_memory_gib=args.gpu_memory_gib or DEFAULT_GPU_GIB, logprob_impl=args.logprob_impl,
+    options = MemoryPlanOptions(gpu_memory_gib=args.gpu_memory_gib or DEFAULT_GPU_GIB, logprob_impl=args.logprob_impl,
                           cache_released=not args.keep_cache)
     cfg, choices = choose(cfg, spec, options)
-    result = plan(cfg, spec, options)
+    result = plan_memory(cfg, spec, options)
     print(render(result, title=f"verl-mp plan --config-name {args.config_name} ({cfg.model.dtype}, "
                               f"{spec.architecture}; shape from {source})"))
     print()

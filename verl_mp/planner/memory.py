@@ -80,7 +80,7 @@ class Recompute:
 
     @classmethod
     def of(cls, section) -> Recompute:
-        """From a role's config (``actor``, ``ref``, ``critic``: `EngineRoleConfig`)."""
+        """From a role's engine settings (``actor``, ``ref``, ``critic``: `EngineConfig`)."""
         gran = None if section.recompute == "none" else section.recompute
         mods = tuple(section.recompute_modules) if gran == "selective" else ()
         return cls(granularity=gran, modules=mods)

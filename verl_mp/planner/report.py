@@ -1,8 +1,8 @@
-"""Text rendering of a `Plan` (the output of ``verl-mp plan``)."""
+"""Text rendering of a `MemoryPlan` (the output of ``verl-mp plan``)."""
 
 from __future__ import annotations
 
-from verl_mp.planner.plan import GIB, Plan
+from verl_mp.planner.memory_plan import GIB, MemoryPlan
 
 COLUMNS = ("actor", "ref", "critic", "reward_model", "vllm", "work", "cached", "overhead")
 HEADERS = ("actor", "ref", "critic", "rm", "vllm", "work", "cached", "other")
@@ -12,7 +12,7 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
-def render(plan: Plan, title: str = "", tight_fraction: float = 0.95) -> str:
+def render(plan: MemoryPlan, title: str = "", tight_fraction: float = 0.95) -> str:
     """A per-phase table (GiB per GPU, the worst pipeline stage), the peak, and problems."""
     info = plan.info
     lay = info["actor_layout"]

@@ -122,6 +122,7 @@ def sync_copies_in_place(d: ModelDims, layout: Layout, mode: str) -> bool:
     every shard is copied straight into its vLLM parameter, no bucket between. Experts count
     only at one rank (EP 1, TP 1); other expert splits may fall back to ``gather`` at run time
     (`make_weight_sync`), so the plan keeps their bucket."""
+    # lazy: `verl-mp --help` imports the planner (to build its parser) but not the weight sync's layouts
     from verl_mp.bridge.vllm_layout import vllm_vocab_rows_per_rank
 
     if mode != "local" or layout.pp != 1 or (d.moe is not None and (layout.tp, layout.ep) != (1, 1)):

@@ -24,9 +24,13 @@ import importlib.util
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_mp.reward import rules
+from verl_mp.utils.errors import ConfigErrors, ErrorCollector
+
+if TYPE_CHECKING:
+    from verl_mp.config.schema import RewardConfig, RewardModelConfig
 
 RewardFn = Callable[[str, str, str, "dict[str, Any] | None"], "float | dict[str, Any]"]
 
@@ -71,6 +75,36 @@ def unserved_sources(data_sources: Iterable[str], fn_by_source: dict[str, str], 
         return []
     mapped = {**DEFAULT_FN_BY_SOURCE, **fn_by_source}
     return sorted(set(data_sources) - set(mapped))
+
+
+def check_reward_fns(reward: RewardConfig) -> None:
+    """Every rule reward function of ``reward`` (the ``reward`` section) resolves, a name or a
+    plugin: `ConfigErrors` with one message per one that does not, naming its key."""
+    named = [("reward.default_fn", reward.default_fn)] if reward.default_fn else []
+    named += [(f"reward.fn_by_source.{src}", fn) for src, fn in reward.fn_by_source.items()]
+    errors = ErrorCollector()
+    for key, name in named:
+        errors.run(_lookup, key, name)
+    errors.raise_if_any()
+
+
+def _lookup(key: str, name: str) -> RewardFn:
+    try:
+        return get_reward_fn(name)
+    except ValueError as err:
+        raise ValueError(f"{key}={name!r}: {err}") from None
+
+
+def check_reward_sources(reward: RewardConfig, reward_model: RewardModelConfig, data_sources: set[str],
+                         setting: str) -> None:
+    """Every data source of the data (``setting``: the key naming the files) has a rule reward
+    function, unless a reward model replaces them."""
+    if reward_model.enable and reward_model.combine == "replace":
+        return  # no rule function runs
+    mapped = {**DEFAULT_FN_BY_SOURCE, **reward.fn_by_source}
+    missing = unserved_sources(data_sources, reward.fn_by_source, reward.default_fn)
+    if missing:
+        raise ConfigErrors([no_reward_fn_message(src, mapped, where=f" (in {setting})") for src in missing])
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from verl_mp.config.schema import RewardModelConfig
+
+
+def check_reward_model(rm: RewardModelConfig) -> None:
+    """An enabled reward model (``reward_model`` section) is an HF checkpoint with one output,
+    read from its config.json before any process starts."""
+    if not rm.enable:
+        return
+    if not rm.path or not os.path.isfile(os.path.join(rm.path, "config.json")):
+        raise ValueError(f"reward_model.path={rm.path!r} is not an HF checkpoint directory (no config.json); "
+                         "give a sequence-classifier checkpoint or set reward_model.enable=false")
+    from transformers import AutoConfig  # start-up cost (~1 s); only runs with a reward model
+
+    num_labels = AutoConfig.from_pretrained(rm.path).num_labels
+    if num_labels != 1:
+        raise ValueError(f"reward_model.path={rm.path!r} has num_labels={num_labels}; a reward model "
+                         "outputs one score (num_labels=1)")
 
 
 class SequenceScorer:

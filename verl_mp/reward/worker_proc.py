@@ -27,6 +27,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from verl_mp.reward.call import call_safely
 from verl_mp.utils.secrets import looks_secret
 
 # Per-sample rule functions gain nothing from BLAS/OpenMP threads, and every thread's
@@ -111,8 +112,6 @@ def apply_limits(limits: WorkerLimits) -> None:
 
 def serve(conn) -> None:
     """Answer calls until the parent closes the connection."""
-    from verl_mp.reward.call import call_safely
-
     _tag, sys_path, limits, timeout_s = conn.recv()
     sys.path[:] = sys_path  # what the parent can import (plugins on its sys.path), we can
     apply_limits(limits)

@@ -11,13 +11,13 @@ def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: b
     """The backend ``cfg.backend`` names, started on this process (collective); ``moe``: the
     model has routed experts; ``record_routing``: generation can record them (vLLM only)."""
     if cfg.backend == "vllm":
-        from verl_mp.rollout.vllm_rollout import VLLMRollout
+        from verl_mp.rollout.vllm_rollout import VLLMRollout  # lazy: vLLM, seconds to import
 
         return VLLMRollout(cfg, model_path, num_kv_heads, moe=moe, record_routing=record_routing)
     if record_routing:
         raise ValueError("routing capture needs rollout.backend=vllm")
     if cfg.multi_turn.enable:
         raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm")
-    from verl_mp.rollout.hf_rollout import HFRollout
+    from verl_mp.rollout.hf_rollout import HFRollout  # lazy: transformers' models
 
     return HFRollout(cfg, model_path)

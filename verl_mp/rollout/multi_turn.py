@@ -22,6 +22,7 @@ done (their engines' steps are collective when the engine says so).
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,8 +33,9 @@ import torch.distributed as dist
 
 from verl_mp.config.rollout import MultiTurnConfig, SamplingConfig
 from verl_mp.data.chat_fragments import ToolResponseFormat
-from verl_mp.reward.tool_parser import ToolCall
+from verl_mp.reward.tool_parser import ToolCall, get_tool_parser
 from verl_mp.reward.tool_pool import ToolPool, ToolResult
+from verl_mp.reward.tools import resolve_tools
 
 MAX_CALLS_PER_TURN = 8
 """Tool calls of one turn that run; further calls get an error response without running."""
@@ -321,3 +323,18 @@ def _error_text(result: ToolResult, cfg: MultiTurnConfig) -> str:
     if result.status == "timeout":
         return f"the tool did not answer within {cfg.tool_timeout_s}s"
     return result.text
+
+
+def check_tools(cfg: MultiTurnConfig, tokenizer: Any | None) -> None:
+    """Before a multi-turn run starts: its tools resolve and can reach the sandboxed tool
+    workers, its parser resolves, and the chat template (``tokenizer``'s; None: not checked)
+    can render tool responses. The settings' other checks: `verl_mp.config.checks.check_multi_turn`."""
+    for name, fn in resolve_tools(cfg.tools).items():
+        try:
+            pickle.dumps(fn)
+        except Exception as err:  # noqa: BLE001  (anything that cannot reach a worker process)
+            raise ValueError(f"rollout.multi_turn.tools: tool {name!r} cannot be sent to the sandboxed tool workers "
+                             f"({err}); define it at module level in an importable module or a .py file") from None
+    get_tool_parser(cfg.tool_parser)
+    if tokenizer is not None:
+        ToolResponseFormat(tokenizer, cfg.tool_role)  # the template can render tool responses

@@ -33,7 +33,9 @@ from verl_mp.patches import (
     vllm_sampled_logprobs,
 )
 from verl_mp.rollout.compat import check_vllm
+from verl_mp.rollout.routing_capture import RoutingRecorder, routing_for, routing_from_vllm
 from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
+from verl_mp.rollout.vllm_turns import MultiTurnRollout, gather_leaders
 from verl_mp.utils import shm
 from verl_mp.utils.dtypes import VLLM_DTYPES
 
@@ -134,8 +136,6 @@ class VLLMRollout:
         self.turns = None
         """Multi-turn generation with tool calls (``rollout.multi_turn.enable``; `verl_mp.rollout.vllm_turns`)."""
         if cfg.multi_turn.enable:
-            from verl_mp.rollout.vllm_turns import MultiTurnRollout
-
             self.turns = MultiTurnRollout(cfg, model_path, self.rank, self.tp_size, self.dp_size)
 
     # -- generation -------------------------------------------------------------------
@@ -183,8 +183,6 @@ class VLLMRollout:
     def _generate_turns(self, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
                         record_routing: bool) -> RolloutOutput:
         """Multi-turn conversations with tool calls (`verl_mp.rollout.multi_turn`)."""
-        from verl_mp.rollout.vllm_turns import gather_leaders
-
         routing = None if not record_routing else ("vllm" if self.vllm_capture else "hooks")
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" \
             else sampling.seed + self.rank // self.tp_size
@@ -467,8 +465,6 @@ def _unpack(request_output, with_logprobs: bool, prompt: list[int], routing: dic
     """``(response ids, log-probs or None, finished, routing [P + R, L, k] or None)`` per sample.
     ``routing``: what the hooks recorded, ``"vllm"`` (each output carries vLLM's own), or None.
     ``sampled_logprobs``: per sample, the log-probs the sampler recorded (else vLLM's own objects)."""
-    from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
-
     samples = []
     for k, comp in enumerate(request_output.outputs):
         ids = list(comp.token_ids)
@@ -487,8 +483,6 @@ def _unpack(request_output, with_logprobs: bool, prompt: list[int], routing: dic
 
 
 def _install_recorder(worker) -> None:
-    from verl_mp.rollout.routing_capture import RoutingRecorder
-
     worker.verl_mp_routing = RoutingRecorder(worker)
 
 

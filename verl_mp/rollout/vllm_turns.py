@@ -28,6 +28,7 @@ from verl_mp.rollout.multi_turn import (
     merge_metrics,
     run_turns,
 )
+from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
 from verl_mp.rollout.types import RolloutOutput
 
 
@@ -122,8 +123,6 @@ class MultiTurnRollout:
 def _conversation_routing(conv: Conversation, routing: str | None, captured) -> torch.Tensor | None:
     """``[P + R, L, k]`` routed experts of the whole conversation: its last request ran every
     position before the last token (the prompt, earlier turns and tool responses included)."""
-    from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
-
     if routing == "hooks":
         return routing_for(captured, conv.prompt, conv.ids)
     if routing == "vllm":

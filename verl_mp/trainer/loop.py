@@ -30,6 +30,7 @@ from verl_mp.config.schema import RootConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.plan import RunPlan
+from verl_mp.reward.manager import token_level_rewards
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.trainer import steps
 from verl_mp.trainer.checkpoint_manager import CheckpointManager
@@ -222,8 +223,6 @@ class RLTrainer:
         return ScoredSamples(gen.prompts, gen.out, scores, versions, reward_metrics)
 
     def _batch(self, samples: ScoredSamples) -> RLBatch:
-        from verl_mp.reward.manager import token_level_rewards
-
         batch = steps.build_batch(samples.prompts, samples.out, self.inputs.pad_token_id)
         batch.token_level_scores = token_level_rewards(samples.scores, batch.response_mask)
         batch.weight_versions = samples.versions

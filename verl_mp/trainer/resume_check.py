@@ -34,6 +34,8 @@ from typing import Any
 import yaml
 
 from verl_mp.config.engine import MAY_DIFFER_ON_RESUME, EngineSettings
+from verl_mp.config.loader import to_yaml
+from verl_mp.trainer.checkpoint_manager import CheckpointManager
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ MAY_DIFFER = (
     "trainer.peak_tflops", "trainer.export_hf_at_end", "trainer.gpu_memory_gib",
     "*.megatron", "*.megatron.*", *engine_keys_that_may_differ(),
     "rollout.logprob_gap_freq", "rollout.logprobs_source", "trainer.save_on_interrupt",
-    "ref.optim.*", "actor.moe.grouped_gemm",
+    "actor.moe.grouped_gemm",
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.load_format", "rollout.sleep_level", "rollout.keep_weights_on_gpu",
     "rollout.weight_sync_bucket_mb",
@@ -213,8 +215,6 @@ def resume_differences(checkpoint_path: str, current_config: dict,
 
 def run_config(cfg) -> dict:
     """The resolved config as the dict that ``config.yaml`` holds."""
-    from verl_mp.config.loader import to_yaml
-
     return yaml.safe_load(to_yaml(cfg))
 
 
@@ -247,8 +247,6 @@ def preflight_resume(cfg) -> None:
     newest checkpoint under ``trainer.default_local_dir`` belongs to a different run."""
     if cfg.trainer.resume_mode == "disable":
         return
-    from verl_mp.trainer.checkpoint_manager import CheckpointManager
-
     # rank=1: a read-only view (only rank 0 creates or cleans the directory)
     root = os.path.join(cfg.trainer.default_local_dir, "checkpoints")
     manager = CheckpointManager(root, rank=1)

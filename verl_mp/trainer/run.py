@@ -11,9 +11,18 @@ import os
 import time
 
 from verl_mp.config.loader import to_yaml
+from verl_mp.plan import save_plan
+from verl_mp.trainer import status
+from verl_mp.trainer.checkpoint_manager import checkpoint_step, is_complete
 from verl_mp.trainer.interrupt import StopOnSignal, request_stop
+from verl_mp.trainer.report import console_summary, write_report
+from verl_mp.trainer.resume_check import preflight_resume
+from verl_mp.trainer.setup import build_inputs, preflight
+from verl_mp.utils import launch, procs, shm
 from verl_mp.utils.errors import RunFailed, StopNow
+from verl_mp.utils.fs import SHARED_TMPDIR_ENV, DirLock
 from verl_mp.utils.logs import FollowFile, Heartbeat, is_console_line, log_to_file
+from verl_mp.utils.shm import RUN_ID_ENV, ensure_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +32,9 @@ logger = logging.getLogger(__name__)
 def run(cfg, prepare_only: bool = False, verbose: bool = True) -> int:
     """``verbose=False``: the console shows the step lines, warnings and errors; the rest of
     every process's output goes to ``<run dir>/logs/`` (driver.log, ranks.log)."""
-    from verl_mp.plan import save_plan
-    from verl_mp.trainer.resume_check import preflight_resume
-    from verl_mp.trainer.setup import preflight
-
     plan = preflight(cfg)
     preflight_resume(cfg)
     out_dir = cfg.trainer.default_local_dir
-    from verl_mp.utils.fs import DirLock
-
     # One run per directory: a second one is refused (DirLockedError, a ValueError) before it
     # writes anything; the lock goes with this process. to_yaml writes no secrets.
     with DirLock(out_dir, purpose="a verl_mp run"):
@@ -54,8 +57,6 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
         raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: start multi-node torchrun runs with "
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
                          "trainer.launcher=ray on a Ray cluster (RAY_ADDRESS)")
-    from verl_mp.utils import procs, shm
-
     procs.reap_orphaned_runs()  # processes of runs whose driver was killed
     run_id = procs.begin_run()  # inherited by every process of the run: its identity; locked
     started = time.monotonic()
@@ -107,8 +108,6 @@ class RunTempDir:
     def __enter__(self) -> str:
         import tempfile
 
-        from verl_mp.utils.fs import SHARED_TMPDIR_ENV
-
         self._previous = {k: os.environ.get(k) for k in ("TMPDIR", SHARED_TMPDIR_ENV)}
         os.environ.setdefault(SHARED_TMPDIR_ENV, tempfile.gettempdir())  # run locks, shm records
         os.environ["TMPDIR"] = self.path
@@ -127,8 +126,6 @@ class RunTempDir:
 
 def _kept(out_dir: str) -> str:
     """What a run stopped at once keeps, and how to go on."""
-    from verl_mp.trainer.checkpoint_manager import checkpoint_step, is_complete
-
     root = os.path.join(out_dir, "checkpoints")
     found = [(step, entry.name) for entry in (os.scandir(root) if os.path.isdir(root) else ())
              if (step := checkpoint_step(entry.name)) is not None and is_complete(entry.path)]
@@ -145,13 +142,11 @@ PLAN_FILE = "plan.yaml"
 def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
     import subprocess
 
-    from verl_mp.trainer import status
-    from verl_mp.utils.launch import launch_local
 
     out_dir = cfg.trainer.default_local_dir
     status.clear(out_dir)
     try:
-        launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
+        launch.launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
                      stderr_log=os.path.join(out_dir, "logs", RANKS_LOG), own_session=True,
                      console_filter=None if verbose else is_console_line)
     except subprocess.CalledProcessError as err:
@@ -161,8 +156,9 @@ def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
 def _run_ray(cfg, plan, stop, verbose: bool, temp_dir: str) -> None:
     import ray
 
+    # lazy: only the Ray driver runs the loop here; the loop and the worker groups import the
+    # engines (megatron) and Ray, ~0.5 s a torchrun driver does not need
     from verl_mp.trainer.loop import CheckpointWriteError, RLTrainer
-    from verl_mp.trainer.setup import build_inputs
     from verl_mp.workers.groups import WorkerError, WorkerGroups
     from verl_mp.workers.ray_group import build_ray_groups
 
@@ -216,9 +212,7 @@ def _init_ray(cfg, plan, verbose: bool, temp_dir: str | None = None, ranks_log: 
 
     import ray
 
-    from verl_mp.utils.shm import RUN_ID_ENV, ensure_run_id
-
-    from verl_mp.workers.ray_group import RANK_LOG_ENV
+    from verl_mp.workers.ray_group import RANK_LOG_ENV  # lazy: see _run_ray
 
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
     if ranks_log:
@@ -254,8 +248,6 @@ def _init_ray(cfg, plan, verbose: bool, temp_dir: str | None = None, ranks_log: 
 
 def _finish(cfg, started: float | None = None, stopped: bool = False) -> None:
     """summary.md and curves.png; the console's last line says in short what the run did."""
-    from verl_mp.trainer.report import console_summary, write_report
-
     out_dir = cfg.trainer.default_local_dir
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if "jsonl" in cfg.trainer.logger and os.path.exists(metrics):

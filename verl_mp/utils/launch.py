@@ -49,6 +49,15 @@ def check_local_ranks(nproc: int, setting: str = "nproc") -> None:
         )
 
 
+def warn_oversubscribed(nproc: int) -> None:
+    """Warn when ``trainer.nproc`` CPU ranks outnumber this machine's cores."""
+    cores = os.cpu_count() or 1
+    if not torch.cuda.is_available() and nproc > cores:
+        logger.warning("trainer.nproc=%d ranks on %d CPU cores: every rank gets less than a core and collectives "
+                       "wait on descheduled ranks (4 ranks on 2 cores ran 6x slower than 2); use nproc <= %d",
+                       nproc, cores, cores)
+
+
 def torchrun_command(nproc: int, target: str, args: Sequence[str] = (), module: bool = True) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
     cmd += ["--nproc-per-node", str(nproc)]
@@ -176,7 +185,7 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
         logger.error("launcher (pid %d) is gone; stopping rank pid %d", parent, os.getpid())
-        from verl_mp.utils.shm import release_segments
+        from verl_mp.utils.shm import release_segments  # lazy: only once the launcher is gone
 
         release_segments()
         os.kill(os.getpid(), signal.SIGKILL)

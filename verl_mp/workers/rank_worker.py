@@ -28,10 +28,13 @@ from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
 from verl_mp.config.profile import ProfileConfig
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.engine.engine import MegatronEngine
+from verl_mp.engine.runtime import local_device
 from verl_mp.plan import RunPlan
+from verl_mp.reward.reward_model import SequenceScorer
 from verl_mp.rollout import build_rollout
 from verl_mp.rollout.types import RolloutOutput
 from verl_mp.utils import memory, profiling, stopwatch
+from verl_mp.utils.dtypes import TORCH_DTYPES
 from verl_mp.utils.fs import disk_full_error
 from verl_mp.workers import rollout_link
 from verl_mp.workers.batch_io import engine_inputs, response_values, train_epochs
@@ -281,8 +284,6 @@ class RankWorker:
     def describe(self) -> dict:
         engines = {r: e.config for r, e in (("actor", self.actor), ("ref", self.ref), ("critic", self.critic))
                    if e is not None}
-        from verl_mp.engine.runtime import local_device
-
         info = {"group": self.group, "roles": self.roles, "world_size": dist.get_world_size(), "engines": engines,
                 "backend": dist.get_backend(), "device": str(local_device()),
                 "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -323,10 +324,6 @@ def _load(engine: MegatronEngine) -> MegatronEngine:
 
 
 def _reward_model(plan: RunPlan):
-    from verl_mp.engine.runtime import local_device
-    from verl_mp.reward.reward_model import SequenceScorer
-    from verl_mp.utils.dtypes import TORCH_DTYPES
-
     rm = plan.reward_model
     return SequenceScorer.from_pretrained(rm.path, dtype=TORCH_DTYPES[rm.dtype], device=local_device(),
                                           max_length=rm.max_length, batch_size=rm.micro_batch_size)

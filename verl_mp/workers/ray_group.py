@@ -28,7 +28,10 @@ from __future__ import annotations
 import logging
 import os
 
+from verl_mp.data.rl_batch import RLBatch
 from verl_mp.plan import GroupPlan, RunPlan
+from verl_mp.utils.logs import FORMAT
+from verl_mp.utils.net import reserve_port
 from verl_mp.workers.groups import WorkerError
 
 logger = logging.getLogger(__name__)
@@ -49,14 +52,10 @@ def _actor_class():
         def __init__(self, rank: int, world: int, local_rank: int):
             self.rank, self.world, self.local_rank, self.worker = rank, world, local_rank, None
             redirect_output(os.environ.get(RANK_LOG_ENV))
-            from verl_mp.utils.logs import FORMAT
-
             logging.basicConfig(level=logging.INFO, format=FORMAT)  # as torchrun's ranks log
 
         def address(self) -> tuple[str, int]:
             from ray.util import get_node_ip_address
-
-            from verl_mp.utils.net import reserve_port
 
             # The group's store (served by this actor, rank 0) listens on loopback when the
             # cluster is this one machine, else on this node's address; the port stays held.
@@ -65,6 +64,7 @@ def _actor_class():
 
         def start(self, plan: RunPlan, group: str, master_addr: str, master_port: int) -> str:
             """Builds this rank's worker; returns the Ray node id it runs on."""
+            # lazy: the engines (megatron) load in this actor's process, never in the driver's
             from verl_mp.engine.runtime import init_distributed
             from verl_mp.workers.rank_worker import RankWorker
 
@@ -172,8 +172,6 @@ def redirect_output(path: str | None) -> None:
 
 
 def _large(arg) -> bool:
-    from verl_mp.data.rl_batch import RLBatch
-
     return isinstance(arg, RLBatch) or (isinstance(arg, list) and len(arg) > 64)
 
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from verl_mp.bridge.transport import Manifest, TransferStats, WeightChannel, drain, receive, send
 from verl_mp.bridge.weight_sync import WeightSync
+from verl_mp.models.hf_config import spec_from_hf_config
 from verl_mp.plan import RunPlan
 
 
@@ -26,8 +27,6 @@ def model_spec(model_path: str):
     its KV heads bound the rollout's TP; a mixture-of-experts model needs vLLM's expert
     reload)."""
     from transformers import AutoConfig
-
-    from verl_mp.models.hf_config import spec_from_hf_config
 
     return spec_from_hf_config(AutoConfig.from_pretrained(model_path))
 

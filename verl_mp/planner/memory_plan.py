@@ -1,7 +1,7 @@
 """The memory plan of a run: per-GPU bytes in every phase of a colocated PPO/GRPO step.
 
-`plan(cfg, spec)` takes the resolved `RootConfig` and the model's `GPTSpec` (from its
-``config.json``) and returns a `Plan`: for each phase, the worst pipeline stage's bytes by
+`plan_memory(cfg, spec)` takes the resolved `RootConfig` and the model's `GPTSpec` (from its
+``config.json``) and returns a `MemoryPlan`: for each phase, the worst pipeline stage's bytes by
 holder, what is asleep or offloaded, the peak phase, and whether it fits the GPU.
 
 Phases of one step on the actor's pool (the order of `verl_mp.trainer.loop`):
@@ -23,7 +23,7 @@ buffers on rank 0) and gets phases of its own (pool ``rollout``): vLLM awake at 
 in ``start``, ``generate`` and ``sync`` (which adds the receive buffers), plus a reward
 model placed on that pool.
 By default PyTorch's cached blocks are released between phases (the hand-off of issue
-21). With ``PlanOptions(cache_released=False)`` (today's trainer, which never empties the
+21). With ``MemoryPlanOptions(cache_released=False)`` (today's trainer, which never empties the
 cache) every phase after ``start`` also holds the largest transient of the step as cached
 blocks (``cached``): what vLLM cannot get back when it wakes.
 """
@@ -54,7 +54,7 @@ calibration compares the allocator's peak (`max_memory_allocated`) without it.""
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanOptions:
+class MemoryPlanOptions:
     gpu_memory_gib: float = 80.0
     """Memory of one GPU (GiB as the driver reports it: H100 80 GB ~ 79.6, H200 ~ 140.4)."""
     logprob_impl: str = "fused"
@@ -90,7 +90,7 @@ class PhaseMemory:
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     gpu_bytes: int
     phases: list[PhaseMemory]
     problems: list[str] = field(default_factory=list)
@@ -124,7 +124,7 @@ def layout_of(parallel: ParallelConfig, world: int, spec: GPTSpec, prefix: str) 
                   etp=parallel.expert_tp_size if spec.moe is not None else None)
 
 
-def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -> Plan:
+def plan_memory(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions = MemoryPlanOptions()) -> MemoryPlan:
     if options.logprob_impl not in mem.LOGPROB_IMPLS:
         raise ValueError(f"logprob_impl={options.logprob_impl!r} is not one of {mem.LOGPROB_IMPLS}")
     placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
@@ -167,13 +167,13 @@ def plan(cfg: RootConfig, spec: GPTSpec, options: PlanOptions = PlanOptions()) -
     if apart:
         info["rollout_pool"] = (placement.roles["rollout"], rollout_world)
     engines = {use.role: use for use in (actor, ref, critic) if use is not None}
-    result = Plan(gpu_bytes=options.gpu_bytes, phases=phases, info=info, engines=engines)
+    result = MemoryPlan(gpu_bytes=options.gpu_bytes, phases=phases, info=info, engines=engines)
     result.problems = _rollout_problems(cfg, rollout, info.get("rollout_pool")) \
         if cfg.rollout.backend == "vllm" else []
     return result
 
 
-def _rollout_memory(cfg: RootConfig, dims: ModelDims, options: PlanOptions, world: int) -> ro.RolloutMemory:
+def _rollout_memory(cfg: RootConfig, dims: ModelDims, options: MemoryPlanOptions, world: int) -> ro.RolloutMemory:
     """Per-GPU bytes of the rollout engine on its ``world`` ranks (the actor's or its own pool)."""
     p = mem.DTYPE_BYTES[cfg.model.dtype]
     if cfg.rollout.backend != "vllm":
@@ -182,7 +182,7 @@ def _rollout_memory(cfg: RootConfig, dims: ModelDims, options: PlanOptions, worl
                              options.gpu_bytes, world=world, keep_weights=cfg.rollout.keep_weights_on_gpu)
 
 
-def _rollout_pool_phases(cfg: RootConfig, options: PlanOptions, dims: ModelDims, rollout: ro.RolloutMemory,
+def _rollout_pool_phases(cfg: RootConfig, options: MemoryPlanOptions, dims: ModelDims, rollout: ro.RolloutMemory,
                          reward_model: int) -> list[PhaseMemory]:
     """One rank of a rollout on its own pool: the engine alone, awake all the time (nothing
     else there needs its memory), and during a sync the channel's receive buffers. The
@@ -236,7 +236,7 @@ def _actor_pool_phases(ref, critic_here: bool, rollout_apart: bool) -> list[str]
 @dataclass
 class _Context:
     cfg: RootConfig
-    options: PlanOptions
+    options: MemoryPlanOptions
     actor: EngineUse | None
     ref: EngineUse | None
     critic: EngineUse | None
