@@ -119,6 +119,7 @@ def preflight(cfg: RootConfig) -> RunPlan:
     errors.run(validate_rollout_layout, cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
     errors.run(_check_moe, cfg, spec, placement)
     errors.run(_check_rollout_architecture, cfg, spec)
+    errors.run(check_rollout_backend, cfg.rollout.backend)
     if dp is not None:
         errors.run(_check_batch_sizes, cfg, dp)
     errors.run(_check_critic_layout, cfg, placement, spec)
@@ -240,8 +241,30 @@ def _check_moe(cfg: RootConfig, spec, placement) -> None:
                              record_routing=replay == "rollout")
 
 
+def check_rollout_backend(backend: str, cuda: bool | None = None) -> None:
+    """Refuse a rollout backend this machine cannot run. ``cuda``: whether the ranks have
+    CUDA GPUs; None: they run here (no ``RAY_ADDRESS``) and this machine decides, else the
+    engine checks again where it starts (a Ray driver may have no GPU itself)."""
+    if backend != "sglang":
+        return
+    import torch
+
+    from verl_mp.rollout.sglang_compat import sglang_blocker
+
+    if cuda is None:
+        if os.environ.get("RAY_ADDRESS"):
+            return
+        cuda = torch.cuda.is_available()
+    reason = sglang_blocker(cuda)
+    if reason is not None:
+        raise ValueError(reason)
+
+
 def _check_rollout_architecture(cfg: RootConfig, spec) -> None:
     """Models the engine trains but the configured rollout cannot take yet."""
+    if spec.moe is not None and cfg.rollout.backend == "sglang":
+        raise ValueError(f"rollout.backend=sglang is built and checked for dense models only; {spec.architecture} "
+                         "is a mixture-of-experts model: use rollout.backend=vllm")
     if spec.moe is not None and cfg.rollout.backend == "hf":
         # transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2F, H]);
         # the sync sends per-expert checkpoint tensors, which the HF backend cannot place.
@@ -495,8 +518,8 @@ def _check_multi_turn(cfg: RootConfig, spec) -> None:
                            "effect (single-turn generation)")
         return
     if r.backend != "vllm":
-        raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm (the HF backend generates one "
-                         "turn per prompt); set rollout.backend=vllm or turn multi_turn off")
+        raise ValueError(f"rollout.multi_turn.enable=true needs rollout.backend=vllm (the {r.backend} backend "
+                         "generates one turn per prompt); set rollout.backend=vllm or turn multi_turn off")
     if mt.max_total_tokens > r.max_model_len:
         raise ValueError(f"rollout.multi_turn.max_total_tokens={mt.max_total_tokens} exceeds rollout.max_model_len="
                          f"{r.max_model_len} (vLLM's longest sequence); raise max_model_len or lower max_total_tokens")
