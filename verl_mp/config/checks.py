@@ -88,8 +88,8 @@ def check_multi_turn(cfg: RootConfig) -> None:
                            "effect (single-turn generation)")
         return
     if r.backend != "vllm":
-        raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm (the HF backend generates one "
-                         "turn per prompt); set rollout.backend=vllm or turn multi_turn off")
+        raise ValueError(f"rollout.multi_turn.enable=true needs rollout.backend=vllm (the {r.backend} backend "
+                         "generates one turn per prompt); set rollout.backend=vllm or turn multi_turn off")
     if mt.max_total_tokens > r.max_model_len:
         raise ValueError(f"rollout.multi_turn.max_total_tokens={mt.max_total_tokens} exceeds rollout.max_model_len="
                          f"{r.max_model_len} (vLLM's longest sequence); raise max_model_len or lower max_total_tokens")
@@ -113,6 +113,9 @@ VLLM_CPU_MLA_LATENT = 576
 def check_rollout_model(cfg: RootConfig, spec, cpu_ranks_here: bool) -> None:
     """Models the engine trains but the configured rollout cannot take yet (``spec``: the
     model's `GPTSpec`; ``cpu_ranks_here``: the ranks will run on this machine, without CUDA)."""
+    if spec.moe is not None and cfg.rollout.backend == "sglang":
+        raise ValueError(f"rollout.backend=sglang is built and checked for dense models only; {spec.architecture} "
+                         "is a mixture-of-experts model: use rollout.backend=vllm")
     if spec.moe is not None and cfg.rollout.backend == "hf":
         # transformers 5 keeps the experts fused in memory (mlp.experts.gate_up_proj [E, 2F, H]);
         # the sync sends per-expert checkpoint tensors, which the HF backend cannot place.

