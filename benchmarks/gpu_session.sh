@@ -288,6 +288,15 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
     --loader-check /tmp/dsv3_export --out "$OUT/dsv3_loader.json" > "$OUT/dsv3_loader.log" 2>&1
   echo "dsv3 loader check rc=$?"; grep -E 'Error' "$OUT/dsv3_loader.log" | grep -v ChildFailed | tail -2 | cut -c1-600
   cut -c1-1200 "$OUT/dsv3_loader.json" 2>/dev/null
+  # GRPO on the DeepSeek-V3 body (gpu_grpo.sh SIZE=dsv3) with routing replay from the rollout's own routing,
+  # as the Qwen3-MoE run of `moe` (its gap is the bar), then the table
+  [ "${DSV3_GRPO:-1}" = 1 ] || return 0
+  CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} WORK=/tmp/dsv3_work SIZE=dsv3 MICRO=16 \
+    STEPS=${STEPS:-5} GAP_FREQ=1 timeout ${DSV3_GRPO_S:-300} bash benchmarks/gpu_grpo.sh "$OUT/dsv3_grpo" \
+    actor.router_replay=rollout > "$OUT/dsv3_grpo.log" 2>&1
+  echo "dsv3 grpo rc=$?"; grep -E "run failed|Error|error:" "$OUT/dsv3_grpo.log" | tail -3 | cut -c1-400
+  cp "$OUT/dsv3_grpo/metrics.jsonl" "$OUT/dsv3_grpo_metrics.jsonl" 2>/dev/null
+  python3 benchmarks/grpo_table.py "$OUT/dsv3_grpo_metrics.jsonl" 2>/dev/null
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO

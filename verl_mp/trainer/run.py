@@ -215,6 +215,8 @@ def _init_ray(cfg, plan, verbose: bool, temp_dir: str | None = None, ranks_log: 
     from verl_mp.workers.ray_group import RANK_LOG_ENV  # lazy: see _run_ray
 
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", RUN_ID_ENV: ensure_run_id()}}
+    if not os.environ.get("RAY_ADDRESS"):  # a local Ray: its workers run on this machine
+        runtime_env["env_vars"].update(launch.cpu_rank_env())
     if ranks_log:
         runtime_env["env_vars"][RANK_LOG_ENV] = os.path.abspath(ranks_log)
     level = logging.INFO if verbose else logging.WARNING
