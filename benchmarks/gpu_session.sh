@@ -71,7 +71,7 @@
 #                  levels, sleep/wake memory, SGLangRollout vs a bare sglang.Engine on the same prompts, the 0.5B
 #                  body); W=grpo: GRPO on the 0.5B body for 10 steps with rollout.backend=sglang, and the step table;
 #                  W=vllm (after `stash`, carry .gpu-vllm/part2 + .whl): the same GRPO with rollout.backend=vllm, and
-#                  both tables side by side. Triton attention throughout (the kit has no FA3). Call table:
+#                  both tables (W=grpo's metrics stay in /tmp/sgl_results while the machine is up). Triton attention throughout (the kit has no FA3). Call table:
 #                  docs/rollout.md ("SGLang on the GPU machine").
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
@@ -515,25 +515,28 @@ PY
 
 setup_sglang() {  # issue 38: megatron from .whl, then the SGLang kit (carried, or installed by an earlier call)
   setup_megatron
-  if [ ! -d ~/sglang0517/site ]; then
+  if [ ! -e ~/sglang0517/.ready ]; then
     [ -d .gpu-sglang/part1 ] || { echo "no SGLang kit here: carry .gpu-sglang"; exit 1; }
     [ ! -d .gpu-sglang/part2 ] || { echo "the kit has several parts: this phase expects one (rebuild it)"; exit 1; }
     bash .gpu-sglang/part1/install.sh .gpu-sglang/part1 ~/sglang0517 > "$OUT/sglang_install.log" 2>&1 \
       || { tail -20 "$OUT/sglang_install.log"; exit 1; }
-    grep ready "$OUT/sglang_install.log"
+    grep ready "$OUT/sglang_install.log" && touch ~/sglang0517/.ready
   fi
   # the kit first: its transformers 5.12.1 replaces the image's 5.17 (sglang 0.5.17 does not import under 5.17)
-  export PYTHONPATH=$HOME/sglang0517/site:/tmp/site:$PWD HF_HUB_OFFLINE=1
+  # flashinfer is in the kit only because SGLang imports it on CUDA: keep SGLang off its JIT-built kernels
+  export PYTHONPATH=$HOME/sglang0517/site:/tmp/site:$PWD HF_HUB_OFFLINE=1 SGLANG_IS_FLASHINFER_AVAILABLE=false
 }
 
-sglang_grpo() {  # sglang_grpo BACKEND: GRPO on the 0.5B body, 10 steps, log-prob gap every step; metrics to $OUT
+sglang_grpo() {  # sglang_grpo BACKEND: GRPO on the 0.5B body, 10 steps, log-prob gap every step; the step tables
   local backend=$1
   CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=${STEPS:-10} GAP_FREQ=1 timeout ${GRPO_S:-480} \
     bash benchmarks/gpu_grpo.sh "$OUT/grpo_$backend" rollout.backend=$backend \
     $([ "$backend" = sglang ] && echo rollout.sglang_attention_backend=triton) > "$OUT/grpo_$backend.log" 2>&1
   echo "GRPO (rollout.backend=$backend) rc=$?"; grep -E "Error|error:" "$OUT/grpo_$backend.log" | tail -3 | cut -c1-400
   cp "$OUT/grpo_$backend/metrics.jsonl" "$OUT/grpo_${backend}_metrics.jsonl" 2>/dev/null
-  python3 - "$OUT"/grpo_*_metrics.jsonl <<'PY'
+  # each call has a fresh $OUT: keep the metrics outside it for the side-by-side on the same machine
+  mkdir -p /tmp/sgl_results && cp "$OUT/grpo_${backend}_metrics.jsonl" /tmp/sgl_results/ 2>/dev/null
+  python3 - /tmp/sgl_results/grpo_*_metrics.jsonl <<'PY'
 import json, sys
 keys = ("timing/step_s", "timing/generate_tokens_per_s", "timing/generate_engine_tokens_per_s", "timing/weight_sync_s",
         "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "response_length/mean", "reward/score/mean")
@@ -552,7 +555,7 @@ run_sglang() {  # issue 38: the SGLang rollout backend on one GPU
         tests/gpu/test_rollout_sglang_gpu.py > "$OUT/sglang_gpu_tests.log" 2>&1; echo "SGLang GPU tests rc=$?"
       grep -E "passed|failed|skipped|Error|assert|^[{]" "$OUT/sglang_gpu_tests.log" | cut -c1-600 | tail -12 ;;
     grpo) setup_sglang; sglang_grpo sglang ;;
-    vllm) setup_python; sglang_grpo vllm ;;  # the side-by-side row (its metrics beside grpo_sglang's if still in $OUT)
+    vllm) setup_python; sglang_grpo vllm ;;  # the side-by-side row (beside grpo_sglang's, kept in /tmp/sgl_results)
     *) echo "sglang tests|grpo|vllm" >&2; exit 2 ;;
   esac
 }

@@ -9,7 +9,8 @@
 # (a cp310 build) and its Blackwell (sm100) library; xgrammar's static library; torch_memory_saver's
 # CUDA 12 builds; sglang's Rust HTTP server, gRPC and multimodal
 # native modules and its diffusion package (multimodal_gen). Wheels are unpacked before xz (xz over
-# deflated wheels gains little).
+# deflated wheels gains little). Run SGLang from it with SGLANG_IS_FLASHINFER_AVAILABLE=false
+# (flashinfer is only imported; its kernels would be JIT-built with nvcc on first use).
 # Usage: build.sh OUT_DIR      -> OUT_DIR/part1/ ... partN/ (+ install.sh in the last)
 # WHEEL_CACHE=DIR: take wheels found in DIR instead of downloading them (sglang-kernel is 383 MB).
 set -euo pipefail
@@ -53,4 +54,4 @@ for p in "$work"/kit.tar.xz.part*; do
 done
 cp "$here/install.sh" "$out/part$n/"
 du -sh "$out"/part*
-echo "built $n part(s) in $out (each call carries one; stash parts 1..$((n - 1)) outside the checkout first)"
+echo "built $n part(s) in $out$([ $n -gt 1 ] && echo ": benchmarks/gpu_session.sh expects one, rebuild smaller")"

@@ -8,11 +8,11 @@ set -euo pipefail
 parts=${1:?usage: install.sh PARTS_DIR TARGET_DIR}; target=${2:?usage: install.sh PARTS_DIR TARGET_DIR}
 mkdir -p "$target"
 cat "$parts"/kit.tar.xz.part* | xz -d -T0 -c | tar -x -C "$target" --strip-components=1
-PYTHONPATH="$target/site" python3 - <<'PY'
+PYTHONPATH="$target/site" SGLANG_IS_FLASHINFER_AVAILABLE=false python3 - <<'PY'
 import torch, transformers, sgl_kernel, sglang
 import sgl_kernel.load_utils  # noqa: F401
 from sglang.srt.entrypoints.engine import Engine  # noqa: F401
 print("torch", torch.__version__, "transformers", transformers.__version__, "sglang", sglang.__version__,
       "sgl_kernel", sgl_kernel.__version__, "cc", torch.cuda.get_device_capability(), "ready")
 PY
-echo "export PYTHONPATH=$target/site HF_HUB_OFFLINE=1"
+echo "export PYTHONPATH=$target/site HF_HUB_OFFLINE=1 SGLANG_IS_FLASHINFER_AVAILABLE=false"
