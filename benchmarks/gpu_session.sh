@@ -522,6 +522,12 @@ setup_sglang() {  # issue 38: megatron from .whl, then the SGLang kit (carried, 
       || { tail -20 "$OUT/sglang_install.log"; exit 1; }
     grep ready "$OUT/sglang_install.log" && touch ~/sglang0517/.ready
   fi
+  # SGLang JIT-builds a few kernels (tvm-ffi + nvcc, cached in ~/.cache/tvm-ffi) and links them with -lcudart:
+  # give the linker torch's CUDA 13 runtime in case the CUDA install beside nvcc has no unversioned libcudart.so
+  local rt; rt=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13/lib/libcudart.so.13'))" 2>/dev/null)
+  if [ -n "$rt" ] && [ -e "$rt" ]; then
+    mkdir -p /tmp/sgl_cudalib && ln -sf "$rt" /tmp/sgl_cudalib/libcudart.so && export LIBRARY_PATH=/tmp/sgl_cudalib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  fi
   # the kit first: its transformers 5.12.1 replaces the image's 5.17 (sglang 0.5.17 does not import under 5.17)
   # flashinfer is in the kit only because SGLang imports it on CUDA: keep SGLang off its JIT-built kernels
   export PYTHONPATH=$HOME/sglang0517/site:/tmp/site:$PWD HF_HUB_OFFLINE=1 SGLANG_IS_FLASHINFER_AVAILABLE=false
