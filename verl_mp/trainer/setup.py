@@ -97,7 +97,8 @@ def preflight(cfg: RootConfig) -> RunPlan:
     dp = errors.run(validate_layout, cfg.actor.megatron, cfg.trainer.world_size, spec.shape, prefix="actor.megatron.")
     errors.run(validate_rollout_layout, cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
     errors.run(check_moe, cfg, spec, placement, cpu_ranks_here)
-    errors.run(check_rollout_model, cfg, spec, cpu_ranks_here)
+    cuda_ranks_here = torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS")
+    errors.run(check_rollout_model, cfg, spec, cpu_ranks_here, cuda_ranks_here)
     ranks_elsewhere = not torch.cuda.is_available() and os.environ.get("RAY_ADDRESS")
     errors.run(check_rollout_backend, cfg.rollout.backend, None if ranks_elsewhere else torch.cuda.is_available())
     if dp is not None:
