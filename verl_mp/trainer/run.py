@@ -142,13 +142,12 @@ PLAN_FILE = "plan.yaml"
 def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
     import subprocess
 
-
     out_dir = cfg.trainer.default_local_dir
     status.clear(out_dir)
     try:
         launch.launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
-                     stderr_log=os.path.join(out_dir, "logs", RANKS_LOG), own_session=True,
-                     console_filter=None if verbose else is_console_line)
+                            stderr_log=os.path.join(out_dir, "logs", RANKS_LOG), own_session=True,
+                            console_filter=None if verbose else is_console_line)
     except subprocess.CalledProcessError as err:
         raise RunFailed(status.failure_report(out_dir, err.stderr or "")) from None
 

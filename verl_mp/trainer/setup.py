@@ -92,15 +92,14 @@ def preflight(cfg: RootConfig) -> RunPlan:
     spec = errors.run(spec_from_model_dir, cfg.model.path) if model_dir_exists(cfg) else None
     if spec is None or placement is None:
         errors.raise_if_any()
-    # the ranks will run here, without CUDA (under Ray with RAY_ADDRESS they run elsewhere)
-    cpu_ranks_here = not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS")
+    # where the ranks will run: here (with or without CUDA), or elsewhere under Ray with RAY_ADDRESS
+    cuda, ray_cluster = torch.cuda.is_available(), bool(os.environ.get("RAY_ADDRESS"))
+    cpu_ranks_here, cuda_ranks_here = not cuda and not ray_cluster, cuda and not ray_cluster
     dp = errors.run(validate_layout, cfg.actor.megatron, cfg.trainer.world_size, spec.shape, prefix="actor.megatron.")
     errors.run(validate_rollout_layout, cfg.rollout, placement.pool_size("rollout"), spec.num_query_groups)
     errors.run(check_moe, cfg, spec, placement, cpu_ranks_here)
-    cuda_ranks_here = torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS")
     errors.run(check_rollout_model, cfg, spec, cpu_ranks_here, cuda_ranks_here)
-    ranks_elsewhere = not torch.cuda.is_available() and os.environ.get("RAY_ADDRESS")
-    errors.run(check_rollout_backend, cfg.rollout.backend, None if ranks_elsewhere else torch.cuda.is_available())
+    errors.run(check_rollout_backend, cfg.rollout.backend, None if ray_cluster and not cuda else cuda)
     if dp is not None:
         errors.run(check_batch_sizes, cfg, dp)
     errors.run(check_critic_layout, cfg, placement, spec)
