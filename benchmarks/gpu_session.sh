@@ -280,7 +280,7 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
   install_moe_lib
   local model=/tmp/dsv3_model
   python3 -c "from verl_mp.demo.tiny_models import ROLLOUT_OVERRIDES as R, build_tiny_checkpoint as b; b('deepseek_v3', '$model', rope_scaling=dict(type='yarn', factor=40.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0, original_max_position_embeddings=64), max_position_embeddings=2560, **{**R['deepseek_v3'], 'qk_nope_head_dim': 128, 'v_head_dim': 128})" > "$OUT/dsv3_build.log" 2>&1 || { tail -5 "$OUT/dsv3_build.log"; return 1; }
-  for tp in 1; do
+  for tp in ${DSV3_VERIFY_TPS-1}; do  # DSV3_VERIFY_TPS= skips it (passed on an H100, 2026-12-05)
     CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} timeout ${VERIFY_S:-240} \
       python3 -m verl_mp verify --model "$model" --rollout vllm --rollout-tp $tp --dtype bf16 > "$OUT/dsv3_verify_bf16.log" 2>&1
     echo "dsv3 verify bf16 rc=$?"; grep -E '^[{]|Error' "$OUT/dsv3_verify_bf16.log" | tail -2 | cut -c1-900
