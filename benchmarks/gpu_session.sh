@@ -4,6 +4,9 @@
 # parts (../shared/tools/gpu-vllm: build.sh .gpu-vllm); megatron-core, omegaconf and antlr
 # wheels for Python 3.12 in .whl/.
 #   stash        : carry .gpu-vllm/part1; keep it in ~/gvk (outside the checkout).
+#                  The checkout (~4 MiB) + the tool's 60 MiB part 1 passed the 64 MiB carry limit on 2026-12-05: move
+#                  its last 12 MiB to part 2 (install.sh joins kit.tar.xz.part* in name order):
+#                  dd if=part1/kit.tar.xz.part0 of=part2/kit.tar.xz.part0z bs=1M skip=48; truncate -s 48M part1/kit.tar.xz.part0
 #   grpo21 UTIL  : carry .gpu-vllm/part2 + .whl; issue 21's configuration: GRPO, random Qwen2-1.5B
 #                  body, 64 prompts x 8, <= 1024 new tokens, micro-batch 16, 10 steps, vLLM at
 #                  gpu_memory_utilization UTIL; per-step table with memory per phase.
