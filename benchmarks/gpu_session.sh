@@ -389,7 +389,7 @@ save_tiny_qwen2('$model', num_kv_heads=2, max_position_embeddings=1152, dtype=to
 num_layers=28, num_heads=12, intermediate_size=8960)"
   case "$1" in
     test)
-      for runner in v2 v1; do  # v2: vLLM's default for this dense model; v1: VLLM_USE_V2_MODEL_RUNNER=0
+      for runner in ${RUNNERS:-v2 v1}; do  # v2: vLLM's default for this dense model; v1: VLLM_USE_V2_MODEL_RUNNER=0
         local pick=(); [ $runner = v1 ] && pick=(VLLM_USE_V2_MODEL_RUNNER=0)
         CUDA_VISIBLE_DEVICES=0 env "${pick[@]}" timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu -s tests/gpu/test_sampled_logprobs_gpu.py -k tp1 \
           > "$OUT/lp39_test_$runner.log" 2>&1
