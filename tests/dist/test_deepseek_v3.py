@@ -97,3 +97,19 @@ def test_gather_sync_rebuilds_the_checkpoint_at_other_layouts(tmp_path, layout):
     for rank, r in enumerate(json.loads(out.read_text())["deepseek_v3"]):
         assert r["gather_equals_checkpoint"] and r["gather_peak_ok"] and r["gather_buckets"] > 20, (rank, r)
         assert r["ep_broadcast_bytes"] > 0, (rank, r)
+
+
+def test_gather_sync_of_a_bf16_model_keeps_the_routing_bias_in_fp32(tmp_path):
+    """The sync's buckets carry the model's dtype; the routing bias (fp32 in megatron, in HF's
+    checkpoint and in vLLM) travels in fp32 buckets of its own: in bf16 it was rounded by up to
+    0.0018, and vLLM's router picked experts by the rounded bias (found on an H100 by the
+    loader check, 2026-12-06). EP2: the experts' buckets are broadcast, the bias's too."""
+    build_tiny_checkpoint("deepseek_v3", tmp_path / "deepseek_v3", rope_scaling=YARN, max_position_embeddings=2560)
+    out = tmp_path / "r.json"
+    launch_local(str(Path(__file__).parent / "progs" / "moe_sync.py"), 2,
+                 ["--ep", 2, "--dtype", "bf16", "--kinds", "deepseek_v3", "--models", tmp_path, "--out", out],
+                 module=False, timeout_s=600, capture_output=True)
+    for rank, r in enumerate(json.loads(out.read_text())["deepseek_v3"]):
+        assert r["gather_equals_checkpoint"], (rank, r)
+        assert r["fp32_tensors"] and all(n.endswith("e_score_correction_bias") for n in r["fp32_tensors"]), (rank, r)
+

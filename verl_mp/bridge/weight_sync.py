@@ -47,6 +47,7 @@ from verl_mp.config.rollout import WEIGHT_SYNC_MODES
 from verl_mp.engine.layout import megatron_param_layout
 from verl_mp.engine.runtime import ParallelState
 from verl_mp.models.convert import megatron_to_hf
+from verl_mp.models.registry import FP32_MEGATRON_TENSORS
 from verl_mp.models.spec import GPTSpec
 from verl_mp.rollout.types import ExpertLayout, split_expert_slot
 from verl_mp.utils.buckets import pack_buckets
@@ -116,7 +117,9 @@ class WeightSync:
         self.stage_entries = self._exchange_entries()
         self.dtype = _dominant_dtype(self.stage_entries)
         """Buckets carry one dtype, the model's: megatron keeps e.g. torch-norm weights in fp32
-        inside a bf16 model; they are cast on the way (the rollout engine casts them anyway)."""
+        inside a bf16 model; they are cast on the way (the rollout engine casts them anyway).
+        Tensors the rollout keeps in fp32 (`FP32_MEGATRON_TENSORS`) travel in fp32 buckets of
+        their own (`wire_dtype`)."""
         self.last_stats = SyncStats()
 
     @property
@@ -160,11 +163,20 @@ class WeightSync:
         dist.all_gather_object(parts, local, group=self.state.pp_group)
         return parts
 
+    def wire_dtype(self, entry: _Entry) -> torch.dtype:
+        """The dtype ``entry`` travels in: the model's, or fp32 for a tensor the rollout keeps in
+        fp32 (a bf16 copy would round it)."""
+        if entry.dtype == torch.float32 and entry.global_name.endswith(FP32_MEGATRON_TENSORS):
+            return torch.float32
+        return self.dtype
+
     def _buckets(self, entries: list[_Entry]) -> list[list[int]]:
         """Consecutive entries up to the bucket size; a bucket has one source (its stage, and
-        for routed experts in ``gather`` mode, one EP rank)."""
-        return pack_buckets([e.numel * self.dtype.itemsize for e in entries], self.bucket_bytes,
-                            lambda first, i: entries[i].ep_owner == entries[first].ep_owner)
+        for routed experts in ``gather`` mode, one EP rank) and one `wire_dtype`."""
+        wire = [self.wire_dtype(e) for e in entries]
+        return pack_buckets([e.numel * w.itemsize for e, w in zip(entries, wire)], self.bucket_bytes,
+                            lambda first, i: entries[i].ep_owner == entries[first].ep_owner
+                            and wire[i] == wire[first])
 
     def planned_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of every tensor `iter_weights` yields on this rank (no data moved)."""
@@ -278,7 +290,7 @@ class WeightSync:
     def _fill_bucket(self, stage: int, entries: list[_Entry], bucket: list[int], stats: SyncStats) -> torch.Tensor:
         numel = sum(entries[i].numel for i in bucket)
         device = self.infos[0].param.device if self.infos else torch.device("cpu")
-        flat = torch.empty(numel, dtype=self.dtype, device=device)
+        flat = torch.empty(numel, dtype=self.wire_dtype(entries[bucket[0]]), device=device)
         stats.hold(flat.numel() * flat.element_size())
         owner = entries[bucket[0]].ep_owner
         if stage == self.state.pp_rank and owner in (None, self.state.ep_rank):

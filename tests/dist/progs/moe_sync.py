@@ -6,7 +6,8 @@ For every tiny MoE architecture (Qwen3-MoE, Qwen2-MoE with its shared expert, Mi
 - ``gather``: with buckets far smaller than the model (many buckets, every EP rank's experts
   broadcast inside the EP group), the full HF tensors equal the (untrained) checkpoint's, bit
   for bit, on every rank, and no rank held more than a bucket (or the one tensor larger than
-  it) plus one gathered tensor;
+  it) plus one gathered tensor; with ``--dtype bf16``, the checkpoint's tensors rounded to bf16,
+  but those HF keeps in fp32 (DeepSeek-V3's routing bias) in fp32, bit for bit;
 - ``local`` (unless ``--vllm none``): against the vLLM expert layout the rank would have
   (``--vllm ep``: vLLM expert parallelism, each rank whole experts of its block; ``--vllm tp``:
   vLLM TP = expert-TP, every expert sliced), every tensor equals an independent slicing of the full HF tensors by vLLM's rules
@@ -29,6 +30,7 @@ from verl_mp.demo.tiny_models import TINY_MOE_MODELS
 from verl_mp.engine.config import EngineConfig
 from verl_mp.engine.engine import MegatronEngine
 from verl_mp.engine.runtime import destroy_parallel
+from verl_mp.models.registry import FP32_HF_TENSORS
 from verl_mp.rollout.types import ExpertLayout, expert_slot
 
 _PREFIX = {"MixtralForCausalLM": "block_sparse_moe"}
@@ -72,11 +74,14 @@ def fused_shapes(want: dict, layout: ExpertLayout) -> dict:
     return shapes
 
 
-def check(path: str, parallel: ParallelConfig, vllm: str) -> dict:
-    engine = MegatronEngine(EngineConfig(model_path=path, role="ref", parallel=parallel, micro_batch_size=2))
+def check(path: str, parallel: ParallelConfig, vllm: str, dtype: str = "fp32") -> dict:
+    engine = MegatronEngine(EngineConfig(model_path=path, role="ref", parallel=parallel, micro_batch_size=2,
+                                         dtype=dtype))
     engine.load_hf()
     spec, state = engine.spec, engine.state
-    original = load_checkpoint_tensors(path)
+    original = load_checkpoint_tensors(path)  # fp32
+    if dtype == "bf16":
+        original = {n: t if n.endswith(FP32_HF_TENSORS) else t.to(torch.bfloat16) for n, t in original.items()}
     gather = WeightSync(spec, engine.chunks, state, 0.01, "gather")
     full = {n: t.clone() for n, t in gather.iter_weights()}
     g = gather.last_stats
@@ -85,7 +90,8 @@ def check(path: str, parallel: ParallelConfig, vllm: str) -> dict:
     # a bucket holds at least one tensor, even one larger than the bucket size
     bucket = max([gather.bucket_bytes] + [e.numel * 4 for entries in gather.stage_entries for e in entries])
     row = {"gather_equals_checkpoint": sorted(full) == sorted(original)
-           and all(torch.equal(full[n], original[n]) for n in original),
+           and all(full[n].dtype == original[n].dtype and torch.equal(full[n], original[n]) for n in original),
+           "fp32_tensors": sorted(n for n, t in full.items() if t.dtype == torch.float32)[:3],
            "gather_buckets": g.num_buckets, "ep_broadcast_bytes": g.ep_broadcast_bytes,
            "etp_gathered_bytes": g.tp_gathered_bytes, "gather_peak_ok": g.peak_transient_bytes <= bucket + largest}
     if vllm == "none":
@@ -135,12 +141,13 @@ def main() -> None:
                    help="the vLLM expert layout to check the local mode against")
     p.add_argument("--models", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = p.parse_args()
     parallel = ParallelConfig(tensor_model_parallel_size=a.tp, expert_model_parallel_size=a.ep,
                               expert_tensor_parallel_size=a.etp, pipeline_model_parallel_size=a.pp)
     results = {}
     for kind in a.kinds.split(","):
-        row = check(f"{a.models}/{kind}", parallel, a.vllm)
+        row = check(f"{a.models}/{kind}", parallel, a.vllm, a.dtype)
         rows = [None] * dist.get_world_size()
         dist.all_gather_object(rows, row)
         results[kind] = rows
