@@ -244,13 +244,11 @@ def _cli(*args):
                           text=True, timeout=400, env={**os.environ, "VERL_MP_MAX_CPU_RANKS": "8"})
 
 
-def test_cli_verify_and_convert_across_expert_layouts(env, tmp_path):
-    """``verify --ep``, and ``convert`` HF -> dist checkpoint at EP2 -> HF at EP1 (one rank) is bitwise."""
-    proc = _cli("verify", "--model", env["models"]["qwen2_moe"], "--tp", 2, "--ep", 2, "--etp", 1)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert line["passed"] and line["max_abs_diff"] <= TOL and (line["tp"], line["ep"], line["etp"]) == (2, 2, 1)
-    _assert_convert_round_trip(env["models"]["mixtral"], tmp_path)
+# ``verify --tp 2 --ep 2 --etp 1`` through the CLI: tests/dist/test_deepseek_v3.py::test_yarn_log_probs_match_hf
+# (and every model's log-probs at that layout: the "tp2_ep2_etp1" launch above);
+# ``convert`` through an EP2 dist checkpoint and back at EP1: the DeepSeek-V3 test below (MoE
+# experts resharded, routing-bias buffers included); the mixtral weights' names both ways:
+# test_hf_round_trip_is_bitwise.
 
 
 def test_cli_deepseek_v3_without_q_lora_and_dist_checkpoint_round_trip(env, tmp_path):

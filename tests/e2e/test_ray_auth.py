@@ -1,9 +1,10 @@
 """The local Ray a run starts requires its own token, and writes no token file.
 
-`verl_mp.trainer.run._init_ray` (the only thing started here; one Ray start, ~30 s with the
-refused connection's retries): Ray's processes run with token authentication and a per-run
-token from the environment; ``~/.ray/auth_token`` is not created; a driver with a wrong token
-is refused, one with the run's token connects. Before this change Ray's default generated a
+`verl_mp.trainer.run._init_ray` (the only thing started here; one Ray start; the refused
+connection makes one attempt instead of Ray's 20, one a second): Ray's processes run with
+token authentication and a per-run token from the environment; ``~/.ray/auth_token`` is not
+created; a driver with a wrong token is refused for its token, one with the run's token
+connects. Before this change Ray's default generated a
 token into ``~/.ray/auth_token`` (shared by every run of the user, mode 0644) and the first
 assertion failed.
 """
@@ -32,12 +33,16 @@ def worker_env():
 token = os.environ["RAY_AUTH_TOKEN"]
 gcs = ray.get_runtime_context().gcs_address
 connect = "import ray; ray.init(address=%r, log_to_driver=False); print('connected')" % gcs
-joined = {}
-for name, value in (("wrong", "0" * 64), ("right", token)):
-    env = dict(os.environ, RAY_AUTH_TOKEN=value)
+joined, auth_refused = {}, {}
+# One connection attempt for the wrong token (Ray retries a refused one once a second for ~20 s):
+# RAY_gcs_server_port_wait_time_s is the number of attempts a connecting driver makes.
+for name, value, attempts in (("wrong", "0" * 64, "1"), ("right", token, "20")):
+    env = dict(os.environ, RAY_AUTH_TOKEN=value, RAY_gcs_server_port_wait_time_s=attempts)
     proc = subprocess.run([sys.executable, "-c", connect], env=env, capture_output=True, text=True, timeout=150)
     joined[name] = proc.returncode == 0 and "connected" in proc.stdout
+    auth_refused[name] = "InvalidAuthToken" in proc.stderr
 print(json.dumps({"mode": os.environ["RAY_AUTH_MODE"], "worker": ray.get(worker_env.remote()), "joined": joined,
+                  "auth_refused": auth_refused,
                   "token_file": os.path.exists(os.path.expanduser("~/.ray/auth_token"))}))
 ray.shutdown()
 """
@@ -52,3 +57,4 @@ def test_local_ray_uses_a_per_run_token(tmp_path):
     assert result["token_file"] is False
     assert result["mode"] == "token" and result["worker"] == ["token", True]
     assert result["joined"] == {"wrong": False, "right": True}
+    assert result["auth_refused"] == {"wrong": True, "right": False}  # refused for its token, not for anything else

@@ -65,7 +65,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
             Heartbeat("still working", logs) as heartbeat:  # start-up, a resume, a long step
         try:
             if cfg.trainer.launcher == "torchrun":
-                _run_torchrun(cfg, config_path, verbose)
+                _run_torchrun(cfg, config_path, verbose, run_id)
             else:
                 _run_ray(cfg, plan, stop, verbose, tmp)
         except KeyboardInterrupt:  # `StopNow`, or the plain KeyboardInterrupt Ray makes of it in ray.get
@@ -139,7 +139,7 @@ PLAN_FILE = "plan.yaml"
 """Next to config.yaml in the run directory: the `RunPlan` every process receives."""
 
 
-def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
+def _run_torchrun(cfg, config_path: str, verbose: bool, run_id: str) -> None:
     import subprocess
 
     out_dir = cfg.trainer.default_local_dir
@@ -147,7 +147,10 @@ def _run_torchrun(cfg, config_path: str, verbose: bool) -> None:
     try:
         launch.launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
                             stderr_log=os.path.join(out_dir, "logs", RANKS_LOG), own_session=True,
-                            console_filter=None if verbose else is_console_line)
+                            console_filter=None if verbose else is_console_line,
+                            # a killed rank's children (its checkpoint writer, reward workers)
+                            # would hold the ranks' output open: end them before reading it out
+                            after_exit=lambda: procs.reap_run(run_id))
     except subprocess.CalledProcessError as err:
         raise RunFailed(status.failure_report(out_dir, err.stderr or "")) from None
 

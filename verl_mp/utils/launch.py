@@ -91,6 +91,7 @@ def launch_local(
     stderr_log: str | None = None,
     own_session: bool = False,
     console_filter: Callable[[str], bool] | None = None,
+    after_exit: Callable[[], object] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``target`` (a module, or a script path with ``module=False``) on ``nproc`` ranks.
 
@@ -103,6 +104,9 @@ def launch_local(
     ranks then. ``own_session``: torchrun and its ranks do not get the terminal's Ctrl-C
     (the caller handles it); Ctrl-C or SIGTERM reaching this function stops them.
     ``console_filter``: with ``stderr_log``, which lines also reach our stderr (all if None).
+    ``after_exit``: called once torchrun has exited, before the rest of its output is read to
+    its end: it should end what the ranks left running (a killed rank's children hold the
+    output pipe open, and the output's end would only come after 30 s).
     """
     check_local_ranks(nproc)
     for check in preflight:
@@ -133,6 +137,8 @@ def launch_local(
         proc.terminate()
         proc.wait()
         raise
+    if after_exit is not None:
+        after_exit()
     if tail is not None:
         out, err = None, tail.finish()
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -84,6 +84,11 @@ def _actor_class():
     return _RankActor
 
 
+STUCK_GRACE_S = 3.0
+"""After a rank failed a call: how long the other ranks get to finish it before they count as
+blocked (in a collective with the failed rank) and are killed without ``close``."""
+
+
 class RayWorkerGroup:
     """The Ray actors of one worker group (`GroupPlan`) on its pool."""
 
@@ -92,6 +97,9 @@ class RayWorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.world_size = group.name, group.world_size
+        self.unfinished: dict[int, object] = {}
+        """rank -> the call it was still running when another rank failed that call (a
+        collective with the failed rank: it may never return)."""
         use_gpu = bool(ray.cluster_resources().get("GPU", 0))
         self.pg = place_pool(group.name, group.node_counts, use_gpu)
         actor = _actor_class()
@@ -136,18 +144,28 @@ class RayWorkerGroup:
                 ray.get(ready[0])
             except Exception as err:  # noqa: BLE001  (re-raised with the rank and the call)
                 rank = refs.index(ready[0])
+                self.unfinished = {refs.index(ref): ref for ref in pending}
                 raise WorkerError(f"{self.name} rank {rank} failed in {name}: {_summary(err)}") from err
         values = ray.get(refs)
         return values if all_ranks else values[0]
 
     def shutdown(self, close_timeout_s: float = 30.0) -> None:
         """Let every rank release what outlives its process (``close``), then kill the actors.
-        Ranks still blocked in a collective (after another rank failed) are killed."""
+        Ranks still blocked in a collective (after another rank failed) are killed: a rank
+        still running the failed call a moment later gets no ``close`` (an actor runs one call
+        at a time: it would wait behind the blocked one for the whole timeout); the driver
+        sweeps what it leaves (shared memory, child processes)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        pending = [a.execute.remote("close") for a in self.actors]
-        ray.wait(pending, num_returns=len(pending), timeout=close_timeout_s)
+        stuck: set[int] = set()
+        if self.unfinished:
+            refs = list(self.unfinished.values())
+            _, running = ray.wait(refs, num_returns=len(refs), timeout=min(close_timeout_s, STUCK_GRACE_S))
+            stuck = {rank for rank, ref in self.unfinished.items() if ref in running}
+        pending = [a.execute.remote("close") for rank, a in enumerate(self.actors) if rank not in stuck]
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=close_timeout_s)
         for a in self.actors:
             ray.kill(a)
         remove_placement_group(self.pg)
