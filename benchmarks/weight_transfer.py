@@ -41,7 +41,8 @@ def model_shapes(gb: float, dtype: torch.dtype, hidden: int = 3584, ffn: int = 1
              "self_attn.k_proj.weight": (kv, hidden), "self_attn.v_proj.weight": (kv, hidden),
              "self_attn.o_proj.weight": (hidden, hidden), "mlp.gate_proj.weight": (ffn, hidden),
              "mlp.up_proj.weight": (ffn, hidden), "mlp.down_proj.weight": (hidden, ffn),
-             "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,)}
+             "input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+             "mlp.gate.e_score_correction_bias": (64,)}  # DeepSeek-V3's routing bias: sent in fp32
 
     def nbytes(s):
         return sum(_numel(x) for x in s.values()) * dtype.itemsize
@@ -54,7 +55,11 @@ def model_shapes(gb: float, dtype: torch.dtype, hidden: int = 3584, ffn: int = 1
 
 
 def make_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
-    """A tensor determined by its name (the receivers rebuild it to check the transfer)."""
+    """A tensor determined by its name (the receivers rebuild it to check the transfer); the
+    tensors the channel keeps in fp32 (`FP32_HF_TENSORS`) in fp32."""
+    from verl_mp.models.registry import FP32_HF_TENSORS
+
+    dtype = torch.float32 if name.endswith(FP32_HF_TENSORS) else dtype
     g = torch.Generator(device="cpu").manual_seed(sum(map(ord, name)) * 7919 + len(name))
     return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype=dtype, device=device)
 
@@ -81,7 +86,7 @@ def run(args) -> dict | None:
     channel.agree(Manifest.plan(shapes, dtype, int(args.bucket_mb * 2**20)) if rank == 0 else None)
     # The sender's tensors live on its device already (as the actor's gathered shards do).
     source = {n: make_tensor(n, s, dtype, channel.device) for n, s in shapes.items()} if rank == 0 else None
-    times, waits, ok = [], [], True
+    times, waits, ok, fp32_received = [], [], True, 0
     for it in range(args.iters + 1):
         stats = TransferStats()
         if torch.cuda.is_available():
@@ -99,9 +104,11 @@ def run(args) -> dict | None:
             times.append(elapsed)
             waits.append(stats.wait_seconds)
         if args.check and rank != 0 and it == args.iters:
-            ok = all(n == name and torch.equal(t, make_tensor(n, shapes[n], dtype, channel.device))
+            want = {n: make_tensor(n, shapes[n], dtype, channel.device) for n in shapes}
+            ok = all(n == name and t.dtype == want[n].dtype and torch.equal(t, want[n])
                      for (name, t), n in zip(kept, shapes, strict=True))
-    result = {"rank": rank, "role": "sender" if rank == 0 else "receiver", "ok": ok,
+            fp32_received = sum(t.dtype == torch.float32 for _, t in kept)
+    result = {"rank": rank, "role": "sender" if rank == 0 else "receiver", "ok": ok, "fp32_received": fp32_received,
               "seconds_median": statistics.median(times), "seconds": times,
               "wait_seconds_median": statistics.median(waits)}
     everything = [None] * world

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from verl_mp.models.registry import FP32_HF_TENSORS
 from verl_mp.utils.buckets import pack_buckets
 from verl_mp.utils.dtypes import TORCH_DTYPES
 from verl_mp.utils.net import create_store
@@ -42,7 +43,9 @@ MANIFEST_KEY = "manifest"
 
 @dataclass(frozen=True)
 class Manifest:
-    """What one sync moves: HF-named tensors in send order, one dtype, grouped into buckets."""
+    """What one sync moves: HF-named tensors in send order, grouped into buckets of the model's
+    dtype, but for the tensors the rollout keeps in fp32 (`FP32_HF_TENSORS`, DeepSeek-V3's
+    routing bias), which travel in fp32 buckets of their own."""
 
     names: list[str]
     shapes: list[tuple[int, ...]]
@@ -51,34 +54,42 @@ class Manifest:
     buckets: list[list[int]]
     """Indices into ``names``, consecutive, each bucket at most the bucket size (a tensor
     larger than that gets a bucket of its own)."""
+    fp32: list[int] = field(default_factory=list)
+    """Indices into ``names`` sent in fp32 whatever ``dtype`` (never sharing a bucket with others)."""
 
     @classmethod
     def plan(cls, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, bucket_bytes: int) -> Manifest:
         """Bucket ``shapes`` (name -> shape, in send order) for ``bucket_bytes``-sized buffers."""
-        names, sizes = list(shapes), [_numel(s) * dtype.itemsize for s in shapes.values()]
-        buckets = pack_buckets(sizes, bucket_bytes)
+        names = list(shapes)
+        fp32 = [i for i, n in enumerate(names) if n.endswith(FP32_HF_TENSORS)] if dtype != torch.float32 else []
+        wide = set(fp32)
+        sizes = [_numel(s) * (4 if i in wide else dtype.itemsize) for i, s in enumerate(shapes.values())]
+        buckets = pack_buckets(sizes, bucket_bytes, lambda first, i: (i in wide) == (first in wide))
         key = next(k for k, v in TORCH_DTYPES.items() if v == dtype)
-        return cls(names, [tuple(s) for s in shapes.values()], key, buckets)
+        return cls(names, [tuple(s) for s in shapes.values()], key, buckets, fp32)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return TORCH_DTYPES[self.dtype]
+
+    def bucket_dtype(self, bucket: list[int]) -> torch.dtype:
+        return torch.float32 if bucket[0] in self.fp32 else self.torch_dtype
 
     def bucket_numel(self, bucket: list[int]) -> int:
         return sum(_numel(self.shapes[i]) for i in bucket)
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.bucket_numel(b) for b in self.buckets) * self.torch_dtype.itemsize
+        return sum(self.bucket_numel(b) * self.bucket_dtype(b).itemsize for b in self.buckets)
 
     def to_json(self) -> str:
         return json.dumps({"names": self.names, "shapes": [list(s) for s in self.shapes], "dtype": self.dtype,
-                           "buckets": self.buckets})
+                           "buckets": self.buckets, "fp32": self.fp32})
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Manifest:
         d = json.loads(text)
-        return cls(d["names"], [tuple(s) for s in d["shapes"]], d["dtype"], d["buckets"])
+        return cls(d["names"], [tuple(s) for s in d["shapes"]], d["dtype"], d["buckets"], d.get("fp32", []))
 
 
 @dataclass
@@ -153,7 +164,7 @@ def send(channel: WeightChannel, weights: Iterable[tuple[str, torch.Tensor]], st
     it = iter(weights)
     in_flight = None
     for bucket in manifest.buckets:
-        flat = torch.empty(manifest.bucket_numel(bucket), dtype=manifest.torch_dtype, device=channel.device)
+        flat = torch.empty(manifest.bucket_numel(bucket), dtype=manifest.bucket_dtype(bucket), device=channel.device)
         offset = 0
         for i in bucket:
             name, tensor = next(it)
@@ -180,7 +191,7 @@ def receive(channel: WeightChannel, stats: TransferStats) -> Iterator[tuple[str,
     start, manifest = time.perf_counter(), channel.layout
 
     def post(k: int):
-        flat = torch.empty(manifest.bucket_numel(manifest.buckets[k]), dtype=manifest.torch_dtype,
+        flat = torch.empty(manifest.bucket_numel(manifest.buckets[k]), dtype=manifest.bucket_dtype(manifest.buckets[k]),
                            device=channel.device)
         return channel.broadcast(flat), flat
 
