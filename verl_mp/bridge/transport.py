@@ -63,7 +63,7 @@ class Manifest:
         names = list(shapes)
         fp32 = [i for i, n in enumerate(names) if n.endswith(FP32_HF_TENSORS)] if dtype != torch.float32 else []
         wide = set(fp32)
-        sizes = [_numel(s) * (4 if i in wide else dtype.itemsize) for i, s in enumerate(shapes.values())]
+        sizes = [_numel(s) * (torch.float32 if i in wide else dtype).itemsize for i, s in enumerate(shapes.values())]
         buckets = pack_buckets(sizes, bucket_bytes, lambda first, i: (i in wide) == (first in wide))
         key = next(k for k, v in TORCH_DTYPES.items() if v == dtype)
         return cls(names, [tuple(s) for s in shapes.values()], key, buckets, fp32)

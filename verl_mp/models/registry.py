@@ -169,10 +169,11 @@ DEEPSEEK_V3_RULES = (_EMBEDDING, _FINAL_NORM, _LM_HEAD, *_NORMS, *_MLA, *_DENSE_
 FP32_HF_TENSORS = ("e_score_correction_bias",)
 """HF tensor name suffixes kept in fp32 whatever the checkpoint dtype (HF keeps DeepSeek-V3's
 routing bias in fp32: ``_keep_in_fp32_modules_strict``; megatron's ``expert_bias`` is fp32)."""
-FP32_MEGATRON_TENSORS = ("mlp.router.expert_bias",)
-"""The megatron names of `FP32_HF_TENSORS`: the weight sync moves them in fp32 too (vLLM and
-SGLang hold the routing bias in fp32; rounding it to bf16 on the way changes which experts
-the rollout picks)."""
+FP32_MEGATRON_TENSORS = tuple(sorted({r.megatron.removeprefix(_L) for r in DEEPSEEK_V3_RULES
+                                      if any(h.endswith(FP32_HF_TENSORS) for h in r.hf)}))
+"""The megatron name suffixes of `FP32_HF_TENSORS` (from the rules): the weight sync moves them
+in fp32 too (vLLM and SGLang hold the routing bias in fp32; rounding it to bf16 on the way
+changes which experts the rollout picks)."""
 
 
 def _critic(rules: tuple[TensorRule, ...]) -> tuple[TensorRule, ...]:
