@@ -84,6 +84,39 @@ def test_a_killed_drivers_leftovers_are_ended_a_live_ones_never():
         live.cleanup()
 
 
+TEMP_DRIVER = r"""
+import json, time
+from verl_mp.trainer.run import RunTempDir
+from verl_mp.utils import procs
+procs.begin_run()
+with RunTempDir() as tmp:
+    open(tmp + "/socket-or-log", "w").close()  # what torchrun, multiprocessing or Ray put there
+    print(json.dumps({"tmp": tmp}), flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_drivers_temp_dir_is_removed_by_the_next_run_a_live_ones_never():
+    """The run's own TMPDIR (`RunTempDir`) is removed by its driver at the end; a driver
+    killed with SIGKILL cannot, so the next run's start-up (`reap_orphaned_runs`) does."""
+    drivers = [subprocess.Popen([sys.executable, "-c", TEMP_DRIVER], stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    try:
+        dead_tmp, live_tmp = (json.loads(d.stdout.readline())["tmp"] for d in drivers)
+        assert os.path.basename(dead_tmp).startswith(procs.RUN_TEMP_PREFIX)
+        drivers[0].kill()
+        drivers[0].wait()
+        assert os.path.isdir(dead_tmp)  # nobody removed it: the driver died at once
+        procs.reap_orphaned_runs()
+        assert not os.path.exists(dead_tmp)
+        assert os.path.isfile(os.path.join(live_tmp, "socket-or-log"))  # a live run's stays
+    finally:
+        for d in drivers:
+            d.kill()
+            d.wait()
+            d.stdout.close()
+
+
 def test_a_run_without_a_lock_here_is_never_judged_orphaned():
     """A run of another machine with the same host name, of launch/torchrun.sh, or of an
     older version: its driver's pid means nothing here."""

@@ -95,7 +95,9 @@ class RunTempDir:
     process the run starts (torchrun's ``torchelastic_*``, multiprocessing's ``pymp-*``: ranks
     end with ``os._exit`` and leave theirs) and a local Ray's ``--temp-dir`` (its session
     directory). Kept short under the system's temp dir rather than in the run directory:
-    Ray and multiprocessing put Unix sockets there, whose paths may not exceed 107 bytes."""
+    Ray and multiprocessing put Unix sockets there, whose paths may not exceed 107 bytes.
+    Recorded next to the run's lock (`procs.record_temp_dir`): if the driver is killed
+    (SIGKILL, out of memory) before removing it, the next run on this machine does."""
 
     def __init__(self):
         import tempfile
@@ -103,7 +105,8 @@ class RunTempDir:
         base = tempfile.gettempdir()
         if len(base) > MAX_TMP_BASE_CHARS:  # Ray's sockets would not fit below it
             base = "/tmp"
-        self.path = tempfile.mkdtemp(prefix="verl_mp-", dir=base)
+        self.path = tempfile.mkdtemp(prefix=procs.RUN_TEMP_PREFIX, dir=base)
+        procs.record_temp_dir(self.path)
 
     def __enter__(self) -> str:
         import tempfile

@@ -281,11 +281,55 @@ def end_run() -> None:
         return
     run_id, fd = _held_lock
     _held_lock = None
+    for path in (_temp_record_path(run_id), _lock_path(run_id)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    os.close(fd)
+
+
+RUN_TEMP_PREFIX = "verl_mp-"
+"""The name prefix of a run's temporary directory (`verl_mp.trainer.run.RunTempDir`)."""
+
+
+def _temp_record_path(run_id: str) -> str:
+    return os.path.join(private_dir(RUN_LOCK_DIR_NAME), f"{run_id}.tmpdir")
+
+
+def record_temp_dir(path: str) -> None:
+    """Note the temporary directory of the run this process drives next to its lock, so that
+    a later run removes it (`reap_orphaned_runs`) if this driver is killed before removing it."""
+    if _held_lock is None:
+        return
+    fd = os.open(_temp_record_path(_held_lock[0]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.path.abspath(path))
+
+
+def _remove_temp_dir_of(run_id: str) -> None:
+    """The temporary directory a run whose driver is gone recorded (`record_temp_dir`), if it
+    still is what was recorded: a directory (not a link) of this user named ``verl_mp-*``."""
+    import shutil
+    import stat as stat_mod
+
+    record = _temp_record_path(run_id)
     try:
-        os.unlink(_lock_path(run_id))
+        path = os.fsdecode(read_private_file(record).strip())
+    except OSError:
+        return
+    try:
+        st = os.lstat(path)
+        if (os.path.basename(path).startswith(RUN_TEMP_PREFIX) and stat_mod.S_ISDIR(st.st_mode)
+                and st.st_uid == os.getuid()):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed %s, the temporary directory of run %s whose driver is gone", path, run_id)
     except OSError:
         pass
-    os.close(fd)
+    try:
+        os.unlink(record)
+    except OSError:
+        pass
 
 
 def orphaned(run_id: str) -> bool:
@@ -332,7 +376,8 @@ def _driver_state(run_id: str) -> str:
 
 
 def reap_orphaned_runs() -> list[int]:
-    """End the processes of runs whose driver is gone (`orphaned`); remove their lock files."""
+    """End the processes of runs whose driver is gone (`orphaned`); remove their temporary
+    directories and lock files."""
     by_run: dict[str, list[ProcessIdentity]] = {}
     for p in find_processes():
         by_run.setdefault(p.run_id, []).append(p)
@@ -348,12 +393,14 @@ def reap_orphaned_runs() -> list[int]:
 
 
 def _remove_stale_locks() -> None:
-    """Lock files of runs whose driver is gone and which no process carries any more."""
+    """Lock files (and temporary directories) of runs whose driver is gone and which no
+    process carries any more."""
     directory = private_dir(RUN_LOCK_DIR_NAME)
     live = {p.run_id for p in find_processes()}
     for name in os.listdir(directory):
         run_id = name.removesuffix(".lock")
         if name.endswith(".lock") and run_id not in live and _driver_state(run_id) in ("gone", "earlier boot"):
+            _remove_temp_dir_of(run_id)
             try:
                 os.unlink(os.path.join(directory, name))
             except OSError:
