@@ -4,7 +4,9 @@ Token in, token out: for every sample of three rounds of multi-turn generation (
 between them), every turn's prompt is the conversation's exact ids so far, the trainer's row
 is the prompt + the engine's outputs + the tool tokens, the loss mask is 1 exactly on the
 engine's outputs, and the rollout's log-probs of those tokens are the engine's and within
-1e-4 of the trainer's after every sync (fp32), and of HF transformers in float64.
+1e-4 of the trainer's after every sync (fp32), and of HF transformers in float64. The
+log-probs come from the sampler (the default, `patches/vllm_sampled_logprobs.py`); in the
+first round they equal vLLM's own per-token objects (``logprobs_source=vllm``) bit for bit.
 
 Bad input: malformed calls, unknown tools, tools that raise or hang, answers too long and
 conversations past ``max_total_tokens`` are fed back as error tool responses or cut, counted,
@@ -43,6 +45,7 @@ def test_token_in_token_out(model_dir, tmp_path, tp, rtp):
     r = json.loads(out.read_text())
     assert r["checked"] == r["samples"] == 36, r  # every sample of the 3 rounds, on the engine that ran it
     assert r["multi_turn_samples"] >= 12 and r["tool_tokens"] > 100, r  # conversations really went on
+    assert r["sampler_vs_vllm_tokens"] > 100, r  # the sampler's log-probs compared with vLLM's own
     assert len(r["gaps"]) == 3 and max(r["gaps"]) <= TOL, r["gaps"]
     assert r["hf_gap"] <= TOL, r["hf_gap"]
 

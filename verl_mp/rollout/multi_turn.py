@@ -120,6 +120,8 @@ class Conversation:
     after_eos: bool = True
     routing: Any = None
     last_prompt_len: int = 0
+    turn_spans: list[tuple[str, int]] = field(default_factory=list)
+    """Per assistant turn: its engine request id and where its tokens start in ``ids``."""
 
     def trajectory(self) -> dict:
         tool_calls = sum(len(m.get("tool_calls", ())) for m in self.messages if m["role"] == "assistant")
@@ -172,6 +174,7 @@ class MultiTurnState:
         conv.turns += 1
         self.counts["turns"] += 1
         self.counts["model_tokens"] += len(out.token_ids)
+        conv.turn_spans.append((out.request_id, len(conv.ids)))
         conv.ids += out.token_ids
         conv.mask += [1] * len(out.token_ids)
         conv.logprobs += out.logprobs if out.logprobs is not None else [0.0] * len(out.token_ids)

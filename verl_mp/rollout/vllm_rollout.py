@@ -203,9 +203,8 @@ class VLLMRollout:
     def turn_params(self, sampling: SamplingConfig, request):
         """Sampling parameters of one turn of a multi-turn conversation (one sample, its own
         token budget, and its own seed with ``seed_scope=request``)."""
-        # multi-turn reads each turn's log-probs from vLLM's outputs (the sampler path covers generate)
         params = self._params(replace(sampling, n=1, max_new_tokens=request.max_tokens), 0,
-                              vllm_logprobs=sampling.logprobs)
+                              vllm_logprobs=sampling.logprobs and not self.sampler_logprobs)
         params.seed = request.seed
         return params
 

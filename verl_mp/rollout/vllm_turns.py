@@ -4,16 +4,25 @@ vLLM's offline ``LLM.generate`` runs one batch to the end; a multi-turn rollout 
 the engine step by step (``LLM.llm_engine``: ``add_request``, ``has_unfinished_requests``,
 ``step``, in vLLM 0.26 as in 0.32), adding each conversation's next turn, as a
 ``TokensPrompt`` of its exact ids, as soon as its tool results are back.
+
+Log-probs come from the sampler (``rollout.logprobs_source=sampler``, the default;
+`verl_mp.patches.vllm_sampled_logprobs`) as for single-turn generation: one capture is open
+over all the conversations' steps, each turn's log-probs are cut from it once the last
+conversation is done and written over the turn's place in its conversation
+(`Conversation.turn_spans`). With ``logprobs_source=vllm`` each finished turn carries vLLM's
+own per-token objects.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig
+from verl_mp.patches import vllm_sampled_logprobs
 from verl_mp.data.chat_fragments import ToolResponseFormat
 from verl_mp.reward.tool_parser import get_tool_parser
 from verl_mp.reward.tool_pool import ToolPool
@@ -35,8 +44,13 @@ from verl_mp.rollout.types import RolloutOutput
 class VLLMTurnEngine:
     """`verl_mp.rollout.multi_turn.TurnEngine` over vLLM's ``LLMEngine``."""
 
-    def __init__(self, llm, sampling: SamplingConfig, params_fn, routing: bool):
+    def __init__(self, llm, sampling: SamplingConfig, params_fn, routing: bool,
+                 capture: vllm_sampled_logprobs.Capture | None = None):
         self.engine, self.sampling, self.params_fn, self.routing = llm.llm_engine, sampling, params_fn, routing
+        self.capture = capture
+        """Open over every step when the sampler records the log-probs (then turns carry none)."""
+        self.finished: list = []
+        """Every finished request's output, for `sampled_logprobs` (with a capture only)."""
 
     def add(self, request: TurnRequest) -> None:
         from vllm.inputs import TokensPrompt
@@ -56,11 +70,20 @@ class VLLMTurnEngine:
                 continue
             comp = out.outputs[0]
             ids = list(comp.token_ids)
-            lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs, strict=True)] \
-                if self.sampling.logprobs else None
+            lps = None
+            if self.capture is not None:
+                self.finished.append(out)
+            elif self.sampling.logprobs:
+                lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs, strict=True)]
             outputs.append(TurnOutput(out.request_id, ids, lps, comp.finish_reason == "stop",
                                       getattr(comp, "routed_experts", None) if self.routing else None))
         return outputs
+
+
+    def sampled_logprobs(self) -> dict[str, list[float]]:
+        """Each finished turn's log-probs from the capture (one host copy), by request id."""
+        per_output = self.capture.logprobs(self.finished)
+        return {out.request_id: lps[0] for out, lps in zip(self.finished, per_output, strict=True)}
 
 
 class MultiTurnRollout:
@@ -93,10 +116,19 @@ class MultiTurnRollout:
         convs = [Conversation(i * sampling.n + j, list(prompt_ids[i])) for i in mine for j in range(sampling.n)]
         state = MultiTurnState(self.cfg.multi_turn, sampling, self.tokenizer, self.fmt, self.tools, self.parser,
                                self.pool, convs) if self.leader else None
-        engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r), routing == "vllm")
-        timings = run_turns(engine, self.link, state)
-        if state is None:
-            return {}, {}
+        from_sampler = sampling.logprobs and rollout.sampler_logprobs
+        with vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext() as sampled:
+            engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r),
+                                    routing == "vllm", sampled)
+            timings = run_turns(engine, self.link, state)
+            if state is None:
+                return {}, {}
+            if from_sampler:
+                by_request = engine.sampled_logprobs()
+                for conv in convs:
+                    for request_id, start in conv.turn_spans:
+                        lps = by_request[request_id]
+                        conv.logprobs[start: start + len(lps)] = lps
         captured = rollout.finish_routing() if routing == "hooks" else None
         local: dict[int, list[tuple]] = {i: [] for i in mine}
         for conv in convs:

@@ -147,7 +147,19 @@ def tito(args) -> dict:
         finished.clear()
         sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=12, seed=10 + round_no,
                                   seed_scope="request", stop_token_ids=STOP)
+        if round_no == 0:  # vLLM's own per-token log-probs (logprobs_source=vllm), then the sampler's (the default)
+            rollout.sampler_logprobs = False
+            own = rollout.generate(prompts, sampling)
+            rollout.sampler_logprobs = True
+            own_finished = dict(finished)
+            added.clear()
+            finished.clear()
         out = rollout.generate(prompts, sampling)
+        if round_no == 0:
+            assert own.response_ids == out.response_ids, "recording the sampler's log-probs changed the turns"
+            assert own.response_logprobs == out.response_logprobs, "the sampler's log-probs are not vLLM's"
+            assert all(not lps for _, lps in finished.values()), "turns carried vLLM's log-prob objects"
+            result["sampler_vs_vllm_tokens"] = sum(map(len, out.response_ids))
         batch = build_batch(pb, out, pad_token_id=0)
         # every engine's leader checks the conversations its engine ran, from its own records
         if rollout.turns.leader:
@@ -157,9 +169,12 @@ def tito(args) -> dict:
                 length = len(prompts[i // n]) + len(ids)
                 assert batch.input_ids[i, :length].tolist() == prompts[i // n] + ids
                 assert batch.response_mask[i, : len(ids)].tolist() == mask and batch.response_mask[i, len(ids):].sum() == 0
-                lps = [lp for lp, m in zip(out.response_logprobs[i], mask, strict=True) if m]
-                engine_lps = [lp for t in range(out.trajectories[i]["num_turns"]) for lp in finished[f"{i}.{t}"][1]]
-                assert lps == engine_lps, f"sample {i}: log-probs are not the engine's"
+                if round_no == 0:  # vLLM's own objects of each turn, in order, on exactly the model's tokens
+                    lps = [lp for lp, m in zip(out.response_logprobs[i], mask, strict=True) if m]
+                    engine_lps = [lp for t in range(out.trajectories[i]["num_turns"])
+                                  for lp in own_finished[f"{i}.{t}"][1]]
+                    assert lps == engine_lps, f"sample {i}: log-probs are not the engine's"
+                    assert all(lp == 0.0 for lp, m in zip(out.response_logprobs[i], mask, strict=True) if not m)
                 result["multi_turn_samples"] += out.trajectories[i]["num_turns"] > 1
                 result["checked"] = result.get("checked", 0) + 1
         result["samples"] += len(out.response_ids)
