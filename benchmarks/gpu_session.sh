@@ -490,7 +490,8 @@ run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs singl
   echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-1600
   # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
-  local common=(SIZE=0.5b STEPS=${AGENT_STEPS:-3} GAP_FREQ=0 MAX_NEW=1024 MICRO=16)
+  # rollout log-probs every step (the default; the sampler's, also in multi-turn since 2026-12-06)
+  local common=(SIZE=0.5b STEPS=${AGENT_STEPS:-3} GAP_FREQ=${AGENT_GAP_FREQ:-1} MAX_NEW=1024 MICRO=16)
   env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" rollout.sampling.max_new_tokens=256 \
     rollout.multi_turn.enable=true rollout.multi_turn.max_turns=4 rollout.multi_turn.max_total_tokens=1152 \
     "rollout.multi_turn.tools=[calculator]" rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls \
@@ -512,7 +513,8 @@ PY
   python3 - "$OUT/grpo_multi_turn_metrics.jsonl" "$OUT/grpo_single_turn_metrics.jsonl" <<'PY'
 import json, sys
 keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn/model_tokens", "rollout/multi_turn/turns_per_s",
-        "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac")
+        "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac",
+        "rollout/logprob_diff_max", "rollout/logprob_diff_mean")
 rates = {}
 for path in sys.argv[1:]:
     rows = [json.loads(l) for l in open(path) if l.strip()]

@@ -19,6 +19,7 @@ steps after that checkpoint, and ``metrics.jsonl`` holds each step once. Shown t
 ``RLTrainer.resume`` returning 0 at once (the former row comparison passed it).
 """
 
+import glob
 import os
 import signal
 import subprocess
@@ -118,13 +119,28 @@ def side_by_side(tiny_run_inputs, tmp_path_factory):
     proc.wait()
     killed_gone = _gone(str(killed), 60)
     survivors = _processes_of(str(killed))
+    killed_tmp = _recorded_temp_dir(proc.pid)  # its TMPDIR: the next run's start-up removes it
 
     a, b = root / "a", root / "b"
     runs = [_cli(_args(tiny_run_inputs, a, steps=3)), _cli(_args(tiny_run_inputs, b, steps=3))]
     for p in runs:
         assert p.wait(timeout=900) == 0, p.stderr.read()[-3000:]
     left = _left_behind(before)
-    return dict(killed=killed, a=a, b=b, killed_gone=killed_gone, survivors=survivors, left=left)
+    return dict(killed=killed, a=a, b=b, killed_gone=killed_gone, survivors=survivors, left=left,
+                killed_tmp=killed_tmp)
+
+
+def _recorded_temp_dir(driver_pid: int) -> str:
+    """The temporary directory the driver ``driver_pid`` recorded next to its run lock."""
+    from verl_mp.utils import procs
+    from verl_mp.utils.fs import private_dir
+
+    records = glob.glob(os.path.join(private_dir(procs.RUN_LOCK_DIR_NAME), f"vmp{driver_pid}x*.tmpdir"))
+    assert len(records) == 1, records
+    with open(records[0]) as f:
+        path = f.read()
+    assert os.path.isdir(path)
+    return path
 
 
 def test_killed_run_then_two_runs_side_by_side(side_by_side):
@@ -135,6 +151,7 @@ def test_killed_run_then_two_runs_side_by_side(side_by_side):
     assert first == second and first[1] == alone[1]  # side by side = alone, bit for bit
     assert not _processes_of(str(r["a"])) and not _processes_of(str(r["b"]))
     assert not r["left"], f"shared memory left behind: {r['left']}"
+    assert not os.path.exists(r["killed_tmp"]), "the killed driver's temp dir was not removed by the next run"
 
 
 @pytest.mark.parametrize("launcher,fault,message", [
