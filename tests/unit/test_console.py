@@ -1,4 +1,5 @@
-"""What the console shows while a run works: heartbeat lines after silences, the SPMD
+"""What the console shows while a run works: heartbeat lines after silences (with the loop's
+step and phase), the SPMD
 loop's warnings once (rank 0's), the log's last line as the heartbeat's detail, the ranks'
 log followed under Ray, the short last line and an interrupted run's summary.md. The e2e
 runs (tests/e2e/test_train_cli.py, test_reliability.py) check the same on the real CLI."""
@@ -8,6 +9,7 @@ import time
 
 import pytest
 
+from verl_mp.trainer import status
 from verl_mp.trainer.report import console_summary, write_report
 from verl_mp.utils.logs import FollowFile, Heartbeat, NotRankZeroWarnings, last_line, note_console
 
@@ -23,6 +25,19 @@ def test_heartbeat_speaks_after_a_silence_only(tmp_path, caplog):
     beats = [r.getMessage() for r in caplog.records if r.name == "verl_mp.trainer.run"]
     assert 1 <= len(beats) <= 3, beats
     assert beats[0].startswith("starting the ranks (") and beats[0].endswith("; last log line: bar  60%|######")
+    caplog.clear()
+    run = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="verl_mp.trainer.run"):  # where the loop is: rank 0's record
+        with Heartbeat("still working", every_s=1.0, where=lambda: status.where(str(run))):
+            time.sleep(1.8)  # the heartbeat looks once a second
+            rank0 = status.RankStatus(str(run), 0)
+            time.sleep(2.2)
+            rank0.phase("generate", 3)
+            time.sleep(1.6)
+    beats = [r.getMessage() for r in caplog.records if r.name == "verl_mp.trainer.run"]
+    assert beats[0].startswith("still working (") and beats[0].endswith(")"), beats  # no record yet
+    assert any(b.endswith("s), start-up") for b in beats), beats
+    assert beats[-1].endswith("s), step 3, phase generate"), beats
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="verl_mp.trainer.run"):
         with Heartbeat("busy", every_s=1.5):

@@ -62,7 +62,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
     started = time.monotonic()
     logs = [os.path.join(out_dir, "logs", name) for name in ("driver.log", RANKS_LOG)]
     with StopOnSignal(lambda: request_stop(out_dir)) as stop, RunTempDir() as tmp, \
-            Heartbeat("still working", logs) as heartbeat:  # start-up, a resume, a long step
+            Heartbeat("still working", logs, where=lambda: status.where(out_dir)) as heartbeat:  # start-up, a long step
         try:
             if cfg.trainer.launcher == "torchrun":
                 _run_torchrun(cfg, config_path, verbose, run_id)
@@ -71,7 +71,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
         except KeyboardInterrupt:  # `StopNow`, or the plain KeyboardInterrupt Ray makes of it in ray.get
             raise StopNow(f"{stop.stop_now or 'Ctrl-C'}: stopped at once; {_kept(out_dir)}") from None
         finally:
-            heartbeat.doing = "stopping the run's processes"
+            heartbeat.doing, heartbeat.where = "stopping the run's processes", lambda: ""
             procs.reap_run(run_id)  # what the ranks left (a killed rank's children)
             procs.end_run()
             shm.sweep_stale()  # what ranks that died could not release
@@ -168,6 +168,7 @@ def _run_ray(cfg, plan, stop, verbose: bool, temp_dir: str) -> None:
     from verl_mp.workers.ray_group import build_ray_groups
 
     started_here = not ray.is_initialized()
+    status.clear(cfg.trainer.default_local_dir)
     ranks_log = os.path.join(cfg.trainer.default_local_dir, "logs", RANKS_LOG)
     if started_here:
         _init_ray(cfg, plan, verbose, temp_dir, ranks_log)
@@ -186,7 +187,8 @@ def _run_ray(cfg, plan, stop, verbose: bool, temp_dir: str) -> None:
         inputs = trainer = None
         try:
             inputs = build_inputs(cfg, score_rewards=True)
-            trainer = RLTrainer(cfg, plan, inputs, workers, should_stop=lambda: stop.requested)
+            trainer = RLTrainer(cfg, plan, inputs, workers, should_stop=lambda: stop.requested,
+                                on_phase=status.RankStatus(cfg.trainer.default_local_dir, 0).phase)  # the heartbeat's
             trainer.fit()
         except (WorkerError, RunFailed, CheckpointWriteError) as err:
             # a rank's error, or the driver's: too many reward failures, a full disk at a checkpoint

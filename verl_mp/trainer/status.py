@@ -1,4 +1,6 @@
-"""Where each torchrun rank is, so that a failed run is reported with its rank and phase.
+"""Where each torchrun rank is, so that a failed run is reported with its rank and phase,
+and the console's heartbeat says where the run is (`where`; under Ray the driver, which
+runs the loop, writes rank 0's record).
 
 Every rank writes ``<run dir>/.status/rank<r>.json`` when a phase starts (phase, step,
 pid) and, when it fails with a Python exception, ``rank<r>.error.json`` (the exception's
@@ -41,6 +43,19 @@ class RankStatus:
         with open(f"{path}.tmp", "w") as f:
             json.dump(record, f)
         os.replace(f"{path}.tmp", path)
+
+
+def where(run_dir: str) -> str:
+    """Where rank 0 (the loop's driver under Ray) is, for the console's heartbeat: ``step 3,
+    phase generate``, ``start-up``, or "" before any rank has written its record."""
+    try:
+        with open(os.path.join(run_dir, STATUS_DIR, "rank0.json")) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return ""
+    if record.get("phase") == "start-up":
+        return "start-up"
+    return f"step {record.get('step', '?')}, phase {record.get('phase', '?')}"
 
 
 def clear(run_dir: str) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 PROGRESS_LOGGERS = ("verl_mp.trainer.console", "verl_mp.trainer.run")
@@ -83,11 +84,15 @@ HEARTBEAT_S = 15.0
 class Heartbeat:
     """A console line whenever the console has been silent for ``every_s`` seconds while work
     goes on (start-up, a warm start, a resume): what is being done (`doing`, set by the
-    caller), for how long, and the last line of the most recently written of ``logs`` (what
-    the processes are busy with). A daemon thread, from ``with`` to its end."""
+    caller), for how long, where the run is (``where()``: the training loop's step and phase,
+    `verl_mp.trainer.status.where`; "" for none) and the last line of the most recently
+    written of ``logs`` (what the processes are busy with). A daemon thread, from ``with`` to
+    its end."""
 
-    def __init__(self, doing: str, logs: list[str] | None = None, every_s: float = HEARTBEAT_S):
+    def __init__(self, doing: str, logs: list[str] | None = None, every_s: float = HEARTBEAT_S,
+                 where: Callable[[], str] | None = None):
         self.doing, self.logs, self.every_s = doing, list(logs or []), every_s
+        self.where = where or (lambda: "")
         self._started = time.monotonic()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="console-heartbeat", daemon=True)
@@ -103,9 +108,10 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._done.wait(1.0):
             if time.monotonic() - _last_console_s >= self.every_s:
-                busy = last_line(self.logs)
+                busy, where = last_line(self.logs), self.where()
                 logging.getLogger("verl_mp.trainer.run").info(
-                    "%s (%d s)%s", self.doing, time.monotonic() - self._started, f"; last log line: {busy}" if busy else "")
+                    "%s (%d s)%s%s", self.doing, time.monotonic() - self._started, f", {where}" if where else "",
+                    f"; last log line: {busy}" if busy else "")
 
 
 def last_line(paths: list[str], max_chars: int = 160) -> str:
