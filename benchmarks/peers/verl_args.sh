@@ -2,6 +2,14 @@
 # configured as verl's performance guide recommends for speed on one GPU (README.md here says
 # which key follows which advice). Sourced by run.sh: expects WORK, OUT, PROMPTS, N, MAX_NEW,
 # STEPS, UTIL, MAX_TOKENS, IGNORE_EOS, HERE; sets VERL_ARGS.
+# Gradient checkpointing: verl's guide says recompute only as needed. On an 80 GB H100 it is
+# needed: without it the first update at 18432 tokens per micro-batch ran out of memory
+# (2026-12-06: 75.7 GiB allocated by the FSDP worker, benchmarks/RESULTS.md); an H200 needs none.
+# VERL_RECOMPUTE=true|false overrides the choice by the card's memory.
+if [ -z "${VERL_RECOMPUTE:-}" ]; then
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  VERL_RECOMPUTE=false; [ -n "$mib" ] && [ "$mib" -lt 102400 ] && VERL_RECOMPUTE=true
+fi
 VERL_ARGS=(
   algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=true algorithm.use_kl_in_reward=false
   "data.train_files=$WORK/data/train.parquet" "data.val_files=$WORK/data/test.parquet"
@@ -9,7 +17,7 @@ VERL_ARGS=(
   data.filter_overlong_prompts=false data.truncation=error data.dataloader_num_workers=0
   actor_rollout_ref.model.path="$WORK/model"
   actor_rollout_ref.model.use_remove_padding=true
-  actor_rollout_ref.model.enable_gradient_checkpointing=false
+  actor_rollout_ref.model.enable_gradient_checkpointing="$VERL_RECOMPUTE"
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   actor_rollout_ref.actor.strategy=fsdp2
   actor_rollout_ref.actor.optim.lr=1e-6
