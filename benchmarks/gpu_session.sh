@@ -483,11 +483,12 @@ PY
 }
 
 run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
+  # AGENT_REPEATS (3) repeats per case of the engine benchmark; AGENT_SINGLE=0 skips the single-turn GRPO run
   setup_python
   CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --out "$OUT/multi_turn_speed.json" \
-    > "$OUT/multi_turn_speed.log" 2>&1
-  echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-1600
+    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} \
+    --out "$OUT/multi_turn_speed.json" > "$OUT/multi_turn_speed.log" 2>&1
+  echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
   # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
   # rollout log-probs every step (the default; the sampler's, also in multi-turn since 2026-12-06)
@@ -506,25 +507,28 @@ print(round(sum(r["rollout/multi_turn/model_tokens"] / r["rollout/multi_turn/con
 PY
 )
   echo "multi-turn mean model tokens per sample: $mean"
-  env "${common[@]}" timeout 200 bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" rollout.sampling.max_new_tokens="$mean" \
-    > "$OUT/grpo_single_turn.log" 2>&1
-  echo "grpo single-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn.log" | tail -3 | cut -c1-400
+  if [ "${AGENT_SINGLE:-1}" = 1 ]; then
+    env "${common[@]}" timeout 200 bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" rollout.sampling.max_new_tokens="$mean" \
+      > "$OUT/grpo_single_turn.log" 2>&1
+    echo "grpo single-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn.log" | tail -3 | cut -c1-400
+  fi
   for kind in multi_turn single_turn; do cp "$OUT/grpo_$kind/metrics.jsonl" "$OUT/grpo_${kind}_metrics.jsonl" 2>/dev/null; done
   python3 - "$OUT/grpo_multi_turn_metrics.jsonl" "$OUT/grpo_single_turn_metrics.jsonl" <<'PY'
-import json, sys
+import json, os, sys
 keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn/model_tokens", "rollout/multi_turn/turns_per_s",
         "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac",
-        "rollout/logprob_diff_max", "rollout/logprob_diff_mean")
+        "rollout/multi_turn/tool_latency_mean_s", "rollout/logprob_diff_max", "rollout/logprob_diff_mean")
 rates = {}
-for path in sys.argv[1:]:
+for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
     rows = [json.loads(l) for l in open(path) if l.strip()]
     print(path.rsplit("/", 1)[-1], "| step | " + " | ".join(k.split("/", 1)[1] for k in keys))
     for r in rows:
         print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
     later = [r["timing/generate_tokens_per_s"] for r in rows if r["step"] > 1]  # step 1 warms up
     rates[path] = sum(later) / max(len(later), 1)
-multi, single = rates.values()
-print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {single:.0f}, ratio {multi / single:.3f}")
+if len(rates) == 2:
+    multi, single = rates.values()
+    print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {single:.0f}, ratio {multi / single:.3f}")
 PY
 }
 

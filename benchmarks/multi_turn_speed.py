@@ -5,7 +5,13 @@ the same prompts (a) multi-turn conversations: every turn that ends at a stop to
 calculator (`always_calls`), up to ``--turns`` assistant turns of at most ``--turn-tokens``
 each; then (b) single-turn responses whose token budget is the multi-turn run's mean model
 tokens per conversation (same engine, the multi-turn layer switched off), so both produce
-about the same number of tokens. Random weights write random text: ``--stop`` token ids end
+about the same number of tokens; and (c) single-turn responses matched sample by sample:
+each sample generates exactly as many tokens as its conversation's model tokens in the last
+multi-turn run (``ignore_eos``, one request per sample through the same engine). (b) has no
+length spread, so its step count is the mean length while the conversations' is their
+longest: the gap between (b) and (c) is the workload's spread, the gap between (c) and the
+multi-turn run is what the turns themselves cost (turn boundaries, tool calls, prefilling
+the tool responses). Random weights write random text: ``--stop`` token ids end
 a turn (about ``len(stop) / vocabulary`` per token). Each case: one warm-up call, then the
 median of ``--repeats``; model tokens/s (tool tokens are not counted), and for the multi-turn
 case turns/s, the engine's idle fraction and its steps.
@@ -52,6 +58,23 @@ def prompts(num: int) -> list[list[int]]:
 
     rng = random.Random(0)
     return [[rng.randrange(3, 250) for _ in range(rng.randrange(16, 48))] for _ in range(num)]
+
+
+def matched_single_turn(rollout, batch: list[list[int]], multi_out, n: int) -> int:
+    """One single-turn request per sample, each generating exactly its conversation's model
+    tokens in ``multi_out`` (the engine's own ``generate``; no log-probs, as the multi-turn
+    case). Returns the tokens generated."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    budgets = [sum(mask) for mask in multi_out.response_masks]
+    params = [SamplingParams(max_tokens=max(1, k), min_tokens=max(1, k), ignore_eos=True, temperature=1.0,
+                             seed=7 + i) for i, k in enumerate(budgets)]
+    requests = [TokensPrompt(prompt_token_ids=list(batch[i // n])) for i in range(len(budgets))]
+    outs = rollout.llm.generate(requests, params, use_tqdm=False)
+    produced = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert produced == sum(max(1, k) for k in budgets), (produced, sum(budgets))
+    return produced
 
 
 def timed(fn, repeats: int) -> list[tuple[float, object]]:
@@ -102,6 +125,7 @@ def main() -> None:
     rollout.turns = None  # the same engine, single-turn: one response per sample of as many tokens
     single_sampling = SamplingConfig(n=a.samples, max_new_tokens=max(1, math.ceil(per_sample)), logprobs=False, seed=7)
     single = timed(lambda: rollout.generate(batch, single_sampling), a.repeats)
+    matched = timed(lambda: matched_single_turn(rollout, batch, multi[-1][1], a.samples), a.repeats)
     rollout.turns = turns
     mt_rates = [out.num_generated_tokens / s for s, out in multi]
     st_rates = [out.num_tokens / s for s, out in single]
@@ -121,7 +145,10 @@ def main() -> None:
                         "tokens": [out.num_tokens for _, out in single],
                         "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": statistics.median(st_rates)},
     }
+    result["single_turn_matched"] = {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
+                                     "tokens_per_s": statistics.median(n / s for s, n in matched)}
     result["ratio"] = result["multi_turn"]["tokens_per_s"] / result["single_turn"]["tokens_per_s"]
+    result["ratio_matched"] = result["multi_turn"]["tokens_per_s"] / result["single_turn_matched"]["tokens_per_s"]
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)
     rollout.close()
