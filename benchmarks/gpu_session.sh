@@ -483,12 +483,14 @@ PY
 }
 
 run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
-  # AGENT_REPEATS (3) repeats per case of the engine benchmark; AGENT_SINGLE=0 skips the single-turn GRPO run
+  # AGENT_REPEATS (3) repeats per case of the engine benchmark; AGENT_SINGLE=0 skips the single-turn GRPO run,
+  # AGENT_GRPO=0 both GRPO runs
   setup_python
   CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} \
     --out "$OUT/multi_turn_speed.json" > "$OUT/multi_turn_speed.log" 2>&1
   echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
+  [ "${AGENT_GRPO:-1}" = 1 ] || return 0  # AGENT_GRPO=0: the engine benchmark only
   # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
   # rollout log-probs every step (the default; the sampler's, also in multi-turn since 2026-12-06)
