@@ -483,11 +483,12 @@ PY
 }
 
 run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
-  # AGENT_REPEATS (3) repeats per case of the engine benchmark; AGENT_SINGLE=0 skips the single-turn GRPO run,
+  # AGENT_REPEATS (3) repeats per case of the engine benchmark, AGENT_ADMIT (1,4,16) its admit_every_steps values;
+  # AGENT_SINGLE=0 skips the single-turn GRPO run,
   # AGENT_GRPO=0 both GRPO runs
   setup_python
   CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} \
+    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every ${AGENT_ADMIT:-1,4,16} \
     --out "$OUT/multi_turn_speed.json" > "$OUT/multi_turn_speed.log" 2>&1
   echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
   [ "${AGENT_GRPO:-1}" = 1 ] || return 0  # AGENT_GRPO=0: the engine benchmark only

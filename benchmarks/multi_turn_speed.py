@@ -14,7 +14,8 @@ multi-turn run is what the turns themselves cost (turn boundaries, tool calls, p
 the tool responses). Random weights write random text: ``--stop`` token ids end
 a turn (about ``len(stop) / vocabulary`` per token). Each case: one warm-up call, then the
 median of ``--repeats``; model tokens/s (tool tokens are not counted), and for the multi-turn
-case turns/s, the engine's idle fraction and its steps.
+case turns/s, the engine's idle fraction and its steps; ``--admit-every 1,4,16`` times the
+multi-turn case at each `MultiTurnConfig.admit_every_steps`.
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
         --model DIR [--size 0.5b] --out OUT.json
@@ -99,6 +100,8 @@ def main() -> None:
     p.add_argument("--stop", default="5,6,7", help="stop token ids (comma-separated) that end a turn")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--admit-every", default="1", help="rollout.multi_turn.admit_every_steps values (comma-separated): "
+                   "the multi-turn case at each; the first is the one compared with single-turn")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -118,7 +121,18 @@ def main() -> None:
     rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
     batch = prompts(a.prompts)
     sampling = SamplingConfig(n=a.samples, max_new_tokens=a.turn_tokens, logprobs=False, seed=7, stop_token_ids=stop)
-    multi = timed(lambda: rollout.generate(batch, sampling), a.repeats)
+    admit = [int(k) for k in a.admit_every.split(",") if k]
+    by_admit = {}
+    for k in admit:
+        rollout.turns.cfg.multi_turn.admit_every_steps = k
+        runs = timed(lambda: rollout.generate(batch, sampling), a.repeats)
+        by_admit[k] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
+                       "seconds": [round(s, 3) for s, _ in runs],
+                       "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
+                       "admissions": runs[-1][1].metrics["rollout/multi_turn/admissions"]}
+        if k == admit[0]:
+            multi = runs
+    rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
     tokens = [out.num_generated_tokens for _, out in multi]
     per_sample = statistics.median(tokens) / (a.prompts * a.samples)
     turns = rollout.turns
@@ -145,6 +159,7 @@ def main() -> None:
                         "tokens": [out.num_tokens for _, out in single],
                         "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": statistics.median(st_rates)},
     }
+    result["multi_turn_by_admit_every"] = by_admit
     result["single_turn_matched"] = {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
                                      "tokens_per_s": statistics.median(n / s for s, n in matched)}
     result["ratio"] = result["multi_turn"]["tokens_per_s"] / result["single_turn"]["tokens_per_s"]

@@ -34,15 +34,21 @@ def model_dir(tmp_path_factory):
     return save_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "m")
 
 
-LAYOUTS = [(2, 2), (1, 1)]  # (train TP, rollout TP) on 2 ranks: one vLLM engine at TP2; two at TP1 (DP2)
+LAYOUTS = [(2, 2, 1), (1, 1, 3)]
+"""(train TP, rollout TP, rollout.multi_turn.admit_every_steps) on 2 ranks: one vLLM engine at
+TP2, new turns joining at the next step; two at TP1 (DP2), new turns joining together at
+most every 3 steps."""
 
 
-@pytest.mark.parametrize("tp,rtp", LAYOUTS, ids=[f"tp{t}_rollout_tp{r}" for t, r in LAYOUTS])
-def test_token_in_token_out(model_dir, tmp_path, tp, rtp):
+@pytest.mark.parametrize("tp,rtp,admit", LAYOUTS, ids=[f"tp{t}_rollout_tp{r}_admit{a}" for t, r, a in LAYOUTS])
+def test_token_in_token_out(model_dir, tmp_path, tp, rtp, admit):
     out = tmp_path / "r.json"
-    launch_local(PROG, 2, ["--model", model_dir, "--mode", "tito", "--tp", tp, "--rollout-tp", rtp, "--out", out],
+    launch_local(PROG, 2, ["--model", model_dir, "--mode", "tito", "--tp", tp, "--rollout-tp", rtp,
+                           "--admit-every", admit, "--out", out],
                  module=False, timeout_s=500, capture_output=True, env=ENV)
     r = json.loads(out.read_text())
+    # each group of new turns joined >= admit steps after the last, or an engine running nothing of its own
+    assert r["admission_spacing_ok"], r
     assert r["checked"] == r["samples"] == 36, r  # every sample of the 3 rounds, on the engine that ran it
     assert r["multi_turn_samples"] >= 12 and r["tool_tokens"] > 100, r  # conversations really went on
     assert r["sampler_vs_vllm_tokens"] > 100, r  # the sampler's log-probs compared with vLLM's own

@@ -97,9 +97,19 @@ class MultiTurnConfig:
     tool_role: str = "tool"
     """Role of tool responses in the chat template's messages (``tool`` for Qwen/Hermes
     templates)."""
+    admit_every_steps: int = 1
+    """New turns (each conversation's next request, once its tool results are back) join the
+    engine together at most every this many engine steps (at once when the engine has
+    nothing else to run). 1: each joins at the next step. A step that prefills new turns
+    beside decoding ones is a mixed batch, which vLLM on CUDA runs with piecewise CUDA
+    graphs instead of the full graph of a decode-only step: on an H100 the multi-turn
+    steps cost ~2x the single-turn ones (2026-12-06); larger values trade each turn's wait
+    (< this many steps) for more decode-only steps. Measured by
+    ``benchmarks/multi_turn_speed.py --admit-every``."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers"):
+        for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers",
+                     "admit_every_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.multi_turn.{name}={getattr(self, name)} must be >= 1")
         if self.tool_timeout_s <= 0:

@@ -69,6 +69,9 @@ class TurnEngine(Protocol):
 
     def add(self, request: TurnRequest) -> None: ...
 
+    def running_here(self) -> bool:
+        """This engine has requests of its own running (no collective)."""
+
     def has_unfinished(self) -> bool:
         """Collective over the data-parallel engines where the engine makes it so."""
 
@@ -267,10 +270,18 @@ COUNTERS = ("turns", "model_tokens", "tool_tokens", "tool_calls", "tool_ok", "to
             "malformed_calls", "unknown_tools", "tool_responses_cut", "truncated", "max_turns_hit")
 
 
-def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None) -> dict[str, float]:
+def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None,
+              admit_every_steps: int = 1) -> dict[str, float]:
     """Step the engine until every conversation is done (on every rank of the rollout; the
-    leaders pass their `MultiTurnState`, the other ranks None). Returns timings."""
+    leaders pass their `MultiTurnState`, the other ranks None). New requests join the engine
+    together at most every ``admit_every_steps`` steps, or at once when it runs nothing
+    (`MultiTurnConfig.admit_every_steps`; every rank decides alike from the shared requests).
+    ``engine.has_unfinished`` is called once per round on every rank: with several DP engines
+    vLLM answers it through a collective and marks an idle engine's next step a dummy batch;
+    whether to admit now asks only this engine (``running_here``). Returns timings."""
     start, idle_s, engine_s, steps, busy = time.perf_counter(), 0.0, 0.0, 0, False
+    waiting: list[TurnRequest] = []
+    since_admit = admissions = 0
     while True:
         began = time.perf_counter()
         requests, done = state.next_requests(busy) if state is not None else (None, None)
@@ -278,8 +289,13 @@ def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None) 
         if done:
             break
         stepped = time.perf_counter()
-        for request in requests:
-            engine.add(request)
+        waiting += requests
+        if waiting and (since_admit + 1 >= admit_every_steps or not engine.running_here()):
+            for request in waiting:
+                engine.add(request)
+            waiting, since_admit, admissions = [], 0, admissions + 1
+        else:
+            since_admit += 1
         busy = engine.has_unfinished()
         if busy:
             outputs = engine.step()
@@ -290,7 +306,7 @@ def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None) 
         else:
             idle_s += time.perf_counter() - began
     return {"wall_s": time.perf_counter() - start, "engine_idle_s": idle_s, "engine_s": engine_s,
-            "engine_steps": float(steps)}
+            "engine_steps": float(steps), "admissions": float(admissions)}
 
 
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
@@ -313,6 +329,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         "rollout/multi_turn/engine_busy_frac": (sum(p.get("engine_s", 0.0) for p in parts)
                                                 / max(sum(p.get("wall_s", 0.0) for p in parts), 1e-9)),
         "rollout/multi_turn/engine_steps": max((p.get("engine_steps", 0.0) for p in parts), default=0.0),
+        "rollout/multi_turn/admissions": max((p.get("admissions", 0.0) for p in parts), default=0.0),
     })
     return out
 

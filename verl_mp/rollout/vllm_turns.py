@@ -61,7 +61,12 @@ class VLLMTurnEngine:
         self.engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params)
 
     def has_unfinished(self) -> bool:
+        """Any engine's (with DP engines vLLM all-reduces it, and an idle engine's next step runs
+        a dummy batch): call it once per round on every rank."""
         return self.engine.has_unfinished_requests()
+
+    def running_here(self) -> bool:
+        return self.engine.get_num_unfinished_requests() > 0
 
     def step(self) -> list[TurnOutput]:
         outputs = []
@@ -120,7 +125,7 @@ class MultiTurnRollout:
         with vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext() as sampled:
             engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r),
                                     routing == "vllm", sampled)
-            timings = run_turns(engine, self.link, state)
+            timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_every_steps)
             if state is None:
                 return {}, {}
             if from_sampler:

@@ -39,23 +39,37 @@ STOP = [2] + list(range(40, 70))
 """Random-weight models rarely sample EOS; these ~10% of the vocabulary end their turns."""
 
 
+ADMISSIONS: list[tuple[int, bool]] = []
+"""Per group of requests added to the engine: (engine steps so far, whether it ran anything)."""
+
+
 def recorder():
     """Record every request added to the engine and every output it returns."""
     added, finished = {}, {}
     add, step = vllm_turns.VLLMTurnEngine.add, vllm_turns.VLLMTurnEngine.step
+    steps = [0]
 
     def rec_add(self, request):
+        if not ADMISSIONS or ADMISSIONS[-1][0] != steps[0]:
+            ADMISSIONS.append((steps[0], self.running_here()))
         added[request.request_id] = list(request.prompt_ids)
         return add(self, request)
 
     def rec_step(self):
         outs = step(self)
+        steps[0] += 1
         for o in outs:
             finished[o.request_id.split("-")[0]] = (list(o.token_ids), list(o.logprobs or []))
         return outs
 
     vllm_turns.VLLMTurnEngine.add, vllm_turns.VLLMTurnEngine.step = rec_add, rec_step
     return added, finished
+
+
+def admission_spacing_ok(every: int) -> bool:
+    """New turns joined a running engine at most every ``every`` steps."""
+    return all(now - before >= every or not busy
+               for (before, _), (now, busy) in zip(ADMISSIONS, ADMISSIONS[1:]))
 
 
 def check_sample(i, prompt, out, added, finished, fmt, cfg) -> tuple[list[int], list[int]]:
@@ -89,7 +103,7 @@ def _tool_messages_after_turn(traj, turn):
 def mt_config(args, timeout_s) -> MultiTurnConfig:
     return MultiTurnConfig(enable=True, max_turns=4, max_total_tokens=args.max_total, max_tool_response_tokens=16,
                            tools=TOOLS, tool_parser="tests.e2e.agent_plugins:scripted_parser",
-                           tool_timeout_s=timeout_s, tool_num_workers=3)
+                           tool_timeout_s=timeout_s, tool_num_workers=3, admit_every_steps=args.admit_every)
 
 
 def prompts_of(vocab: int, num: int) -> list[list[int]]:
@@ -193,6 +207,7 @@ def tito(args) -> dict:
         engine.train_step(inputs, lambda o, mb: (-(o["log_probs"] * mb["response_mask"]).sum() / total, {}))
         push_weights(sync, rollout)
     result["metrics"] = out.metrics
+    result["admissions"], result["admission_spacing_ok"] = len(ADMISSIONS), admission_spacing_ok(args.admit_every)
     counts = torch.tensor([result.get("checked", 0), result["multi_turn_samples"]])
     dist.all_reduce(counts)
     result["checked"], result["multi_turn_samples"] = counts.tolist()
@@ -297,6 +312,7 @@ def main():
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--max-total", type=int, default=128)
+    p.add_argument("--admit-every", type=int, default=1, help="rollout.multi_turn.admit_every_steps")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     if a.mode == "bad" and not dist.is_initialized():
