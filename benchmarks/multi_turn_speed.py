@@ -161,6 +161,7 @@ def main() -> None:
     }
     result["multi_turn_by_admit_every"] = by_admit
     result["single_turn_matched"] = {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
+                                     "engine_steps_at_least": max(sum(m) for m in multi[-1][1].response_masks),
                                      "tokens_per_s": statistics.median(n / s for s, n in matched)}
     result["ratio"] = result["multi_turn"]["tokens_per_s"] / result["single_turn"]["tokens_per_s"]
     result["ratio_matched"] = result["multi_turn"]["tokens_per_s"] / result["single_turn_matched"]["tokens_per_s"]
