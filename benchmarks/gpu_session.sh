@@ -65,9 +65,10 @@
 #   offpolicy    : carry .gpu-vllm/part2 + .whl + ray-kit (../shared/tools/gpu-ray); 2 GPUs: GRPO with
 #                  the rollout on GPU 1 (off_policy_steps 0 and 1, token TIS) vs colocated on GPU 0.
 #   agent        : after `stash`, carry .gpu-vllm/part2 + .whl (issue 37): multi-turn rollouts with tool calls on the
-#                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn vs single-turn of as many
-#                  tokens), then a multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's
-#                  mean model tokens per sample; generation tokens/s of each (AGENT_STEPS, default 3); ~6-8 min.
+#                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn at admit_every_steps AGENT_ADMIT
+#                  (1,4,16) vs single-turn of as many tokens, at the mean budget and matched per sample), then a
+#                  multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's mean model tokens per
+#                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both); ~7-9 min.
 #   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
 #                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
