@@ -6,9 +6,9 @@ warm starts are ~4 min of compute-bound supervised training on 2 cores, most of 
 tests' time. The MoE and tool demos' warm starts are built by the real CLI (`verl-mp train
 --config-name <preset> --prepare-only`, which prepares the demo and stops) in background
 processes started as soon as the session knows it will run those tests; they run with one
-torch thread each under SCHED_IDLE, so they take only CPU time the tests leave idle (the
-e2e runs wait on start-ups, sleeps and each other much of the time) and do not slow the
-tests beside them. The demo tests then run the CLI on that cache and check that it reused
+torch thread each under SCHED_IDLE, so they are scheduled only on CPU time the tests leave
+idle (the runs wait on start-ups, sleeps and each other much of the time). Not free: on the
+2-vCPU CI machine the dist tests that ran beside them took ~12% longer (docs/testing.md). The demo tests then run the CLI on that cache and check that it reused
 the warm start instead of building another. The dense demo (tests/e2e/test_demo.py) still
 builds its warm start inside the CLI run it checks: its console checks (quiet, a heartbeat
 every 15 s) cover the warm start, which shares its code (`verl_mp.demo.warm_start._build`)
