@@ -94,3 +94,20 @@ def longest_silence_s(stderr: str) -> float:
     stamps = [datetime.strptime(m, "%Y-%m-%d %H:%M:%S,%f")
               for m in re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ", stderr, re.M)]
     return max(((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])), default=0.0)
+
+
+def warm_start_reused(out_dir: Path, cache: Path, before: dict[str, bytes]) -> str:
+    """The warm-started model the run in ``out_dir`` trained (its resolved ``model.path``),
+    after checking that it is one of the cache's warm starts recorded in ``before``
+    (`warm_start_records`) and that its record was not rewritten (the CLI reused it)."""
+    from omegaconf import OmegaConf
+
+    path = str(OmegaConf.load(Path(out_dir) / "config.yaml").model.path)
+    assert path in before, (path, sorted(before))
+    assert (Path(path) / "warm_start.json").read_bytes() == before[path], f"{path}'s warm start was rebuilt"
+    return path
+
+
+def warm_start_records(cache: Path) -> dict[str, bytes]:
+    """``{model dir: its warm_start.json}`` of every finished warm start in a demo cache."""
+    return {str(p.parent): p.read_bytes() for p in Path(cache).glob("demo-*/sft_model/warm_start.json")}

