@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-from verl_mp.patches import vllm_sampled_logprobs
 from verl_mp.data.chat_fragments import ToolResponseFormat
+from verl_mp.patches import vllm_sampled_logprobs
 from verl_mp.reward.tool_parser import get_tool_parser
 from verl_mp.reward.tool_pool import ToolPool
 from verl_mp.reward.tools import resolve_tools
@@ -83,7 +83,6 @@ class VLLMTurnEngine:
             outputs.append(TurnOutput(out.request_id, ids, lps, comp.finish_reason == "stop",
                                       getattr(comp, "routed_experts", None) if self.routing else None))
         return outputs
-
 
     def sampled_logprobs(self) -> dict[str, list[float]]:
         """Each finished turn's log-probs from the capture (one host copy), by request id."""
