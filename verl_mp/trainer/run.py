@@ -58,6 +58,7 @@ def _launch(cfg, plan, config_path: str, verbose: bool) -> int:
                          "launch/slurm.sbatch (this command starts ranks on one machine), or use "
                          "trainer.launcher=ray on a Ray cluster (RAY_ADDRESS)")
     procs.reap_orphaned_runs()  # processes of runs whose driver was killed
+    status.clear(out_dir)  # an earlier run's records: failure reports and the heartbeat read them
     run_id = procs.begin_run()  # inherited by every process of the run: its identity; locked
     started = time.monotonic()
     logs = [os.path.join(out_dir, "logs", name) for name in ("driver.log", RANKS_LOG)]
@@ -146,7 +147,6 @@ def _run_torchrun(cfg, config_path: str, verbose: bool, run_id: str) -> None:
     import subprocess
 
     out_dir = cfg.trainer.default_local_dir
-    status.clear(out_dir)
     try:
         launch.launch_local("verl_mp.cli.rank_train", cfg.trainer.nproc, ["--config", config_path],
                             stderr_log=os.path.join(out_dir, "logs", RANKS_LOG), own_session=True,
@@ -168,7 +168,6 @@ def _run_ray(cfg, plan, stop, verbose: bool, temp_dir: str) -> None:
     from verl_mp.workers.ray_group import build_ray_groups
 
     started_here = not ray.is_initialized()
-    status.clear(cfg.trainer.default_local_dir)
     ranks_log = os.path.join(cfg.trainer.default_local_dir, "logs", RANKS_LOG)
     if started_here:
         _init_ray(cfg, plan, verbose, temp_dir, ranks_log)
