@@ -43,7 +43,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from verl_mp.utils.fs import private_dir, read_private_file
+from verl_mp.utils.fs import UnsafePathError, check_private_dir, private_dir, read_private_file
 from verl_mp.utils.shm import RUN_ID_ENV
 
 logger = logging.getLogger(__name__)
@@ -309,9 +309,9 @@ def record_temp_dir(path: str) -> None:
 
 def _remove_temp_dir_of(run_id: str) -> None:
     """The temporary directory a run whose driver is gone recorded (`record_temp_dir`), if it
-    still is what was recorded: a directory (not a link) of this user named ``verl_mp-*``."""
+    still is what was recorded: named ``verl_mp-*`` and a private directory of this user
+    (`check_private_dir`: not a link, ours, writable by nobody else, as ``mkdtemp`` made it)."""
     import shutil
-    import stat as stat_mod
 
     record = _temp_record_path(run_id)
     try:
@@ -319,12 +319,11 @@ def _remove_temp_dir_of(run_id: str) -> None:
     except OSError:
         return
     try:
-        st = os.lstat(path)
-        if (os.path.basename(path).startswith(RUN_TEMP_PREFIX) and stat_mod.S_ISDIR(st.st_mode)
-                and st.st_uid == os.getuid()):
+        if os.path.basename(path).startswith(RUN_TEMP_PREFIX):
+            check_private_dir(path)
             shutil.rmtree(path, ignore_errors=True)
             logger.info("removed %s, the temporary directory of run %s whose driver is gone", path, run_id)
-    except OSError:
+    except (OSError, UnsafePathError):
         pass
     try:
         os.unlink(record)
