@@ -152,10 +152,7 @@ class RewardExecutor:
         outcomes: list[Outcome | None] = [None] * len(calls)
         todo = list(range(len(calls)))[::-1]  # popped from the end: call order
         while todo or any(w.index is not None for w in self._workers):
-            self._fill(todo)
-            for worker in list(self._workers):
-                if worker.state == "idle" and todo:
-                    self._dispatch(worker, todo, calls, outcomes)
+            self._hand_out(todo, calls, outcomes)
             if self._workers:
                 wait([fd for w in self._workers for fd in w.fds()], timeout=self._wait_s())
                 self._service(outcomes, todo)
@@ -164,6 +161,13 @@ class RewardExecutor:
                 todo.clear()
                 return [_CANCELLED if o is None else o for o in outcomes]
         return outcomes  # type: ignore[return-value]
+
+    def _hand_out(self, todo: list[int], calls, outcomes) -> None:
+        """Start the workers the waiting calls need; give each idle worker the next call."""
+        self._fill(todo)
+        for worker in list(self._workers):
+            if worker.state == "idle" and todo:
+                self._dispatch(worker, todo, calls, outcomes)
 
     def _fill(self, todo: list[int]) -> None:
         busy = sum(w.index is not None for w in self._workers)

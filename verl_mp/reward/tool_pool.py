@@ -106,10 +106,7 @@ class ToolPool(RewardExecutor):
         (or a submit), read it; until `close`."""
         while not self._stopping:
             with self._lock:
-                self._fill(self._todo)
-                for worker in list(self._workers):
-                    if worker.state == "idle" and self._todo:
-                        self._dispatch(worker, self._todo, self._calls, self._outcomes)
+                self._hand_out(self._todo, self._calls, self._outcomes)
                 fds = [fd for w in self._workers for fd in w.fds()]
                 wait_s = self._wait_s() if self._workers else 1.0
                 if self._outcomes:
