@@ -129,7 +129,7 @@ def main() -> None:
         by_admit[k] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
                        "seconds": [round(s, 3) for s, _ in runs],
                        "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
-                       "admissions": runs[-1][1].metrics["rollout/multi_turn/admissions"]}
+                       "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
         if k == admit[0]:
             multi = runs
     rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]

@@ -39,7 +39,7 @@ MULTI_TURN = ["rollout.multi_turn.enable=true", "rollout.multi_turn.max_total_to
               "reward.fn_by_source.synthetic_arith=tests.e2e.agent_plugins:turns_reward"]
 VOLATILE = ("timing/", "perf/", "rollout/sync_gbps", "rollout/send_", "rollout/receive_",
             "rollout/multi_turn/tool_latency", "rollout/multi_turn/turns_per_s", "rollout/multi_turn/engine_")
-"""Wall-clock dependent metrics (tool latency, turns/s, the engine's idle time and step count);
+"""Wall-clock dependent metrics (tool latency, turns/s, the engine's idle time, step and admission counts);
 everything else must not differ between runs."""
 
 

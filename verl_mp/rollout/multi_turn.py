@@ -329,7 +329,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         "rollout/multi_turn/engine_busy_frac": (sum(p.get("engine_s", 0.0) for p in parts)
                                                 / max(sum(p.get("wall_s", 0.0) for p in parts), 1e-9)),
         "rollout/multi_turn/engine_steps": max((p.get("engine_steps", 0.0) for p in parts), default=0.0),
-        "rollout/multi_turn/admissions": max((p.get("admissions", 0.0) for p in parts), default=0.0),
+        "rollout/multi_turn/engine_admissions": max((p.get("admissions", 0.0) for p in parts), default=0.0),
     })
     return out
 
