@@ -69,6 +69,8 @@
 #                  (1,4,16) vs single-turn of as many tokens, at the mean budget and matched per sample), then a
 #                  multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's mean model tokens per
 #                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both); ~7-9 min.
+#                  First (AGENT_GRAPHS0=0 skips it) the multi-turn case alone with vLLM's own CUDA-graph range (512
+#                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
 #   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
 #                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
@@ -487,11 +489,32 @@ run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs singl
   # AGENT_REPEATS (3) repeats per case of the engine benchmark, AGENT_ADMIT (1,4,16) its admit_every_steps values;
   # AGENT_SINGLE=0 skips the single-turn GRPO run,
   # AGENT_GRPO=0 both GRPO runs
+  # AGENT_GRAPHS0=0 skips the first case: the multi-turn rollout with vLLM's own CUDA-graph range (512 tokens; a step
+  # of 512 decodes plus the next turns' prefill runs without a graph), before the planner's (rollout.cudagraph_max_tokens)
   setup_python
+  if [ "${AGENT_GRAPHS0:-1}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+      benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every 1 \
+      --cudagraph-max-tokens 0 --multi-only --out "$OUT/multi_turn_speed_vllm_graphs.json" > "$OUT/multi_turn_speed_vllm_graphs.log" 2>&1
+    echo "multi_turn_speed (vLLM's graph range) rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed_vllm_graphs.log" | tail -1 | cut -c1-1200
+  fi
   CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
     benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every ${AGENT_ADMIT:-1,4,16} \
     --out "$OUT/multi_turn_speed.json" > "$OUT/multi_turn_speed.log" 2>&1
   echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
+  python3 - "$OUT/multi_turn_speed_vllm_graphs.json" "$OUT/multi_turn_speed.json" <<'PY'
+import json, os, sys
+print("case | graphs to | start s | admit | multi-turn tok/s | engine steps | single (mean budget) | single matched | ratio matched")
+for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
+    r = json.load(open(path))
+    e = r["engine"]
+    for k, m in r["multi_turn_by_admit_every"].items():
+        print(os.path.basename(path), e["vllm_max_cudagraph_capture_size"], e["start_s"], k, f"{m['tokens_per_s']:.0f}",
+              m["engine_steps"], f"{r['single_turn']['tokens_per_s']:.0f}" if "single_turn" in r else "-",
+              f"{r['single_turn_matched']['tokens_per_s']:.0f}" if "single_turn_matched" in r else "-",
+              f"{m['tokens_per_s'] / r['single_turn_matched']['tokens_per_s']:.3f}" if "single_turn_matched" in r else "-",
+              sep=" | ")
+PY
   [ "${AGENT_GRPO:-1}" = 1 ] || return 0  # AGENT_GRPO=0: the engine benchmark only
   # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample

@@ -15,7 +15,10 @@ the tool responses). Random weights write random text: ``--stop`` token ids end
 a turn (about ``len(stop) / vocabulary`` per token). Each case: one warm-up call, then the
 median of ``--repeats``; model tokens/s (tool tokens are not counted), and for the multi-turn
 case turns/s, the engine's idle fraction and its steps; ``--admit-every 1,4,16`` times the
-multi-turn case at each `MultiTurnConfig.admit_every_steps`.
+multi-turn case at each `MultiTurnConfig.admit_every_steps`. ``--cudagraph-max-tokens`` is
+``rollout.cudagraph_max_tokens`` (default: the planner's choice for this workload,
+`verl_mp.planner.choose.graph_tokens`; 0: vLLM's own 512); the result records the range vLLM
+took and the engine's start-up seconds. ``--multi-only`` times the multi-turn case alone.
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
         --model DIR [--size 0.5b] --out OUT.json
@@ -102,11 +105,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--admit-every", default="1", help="rollout.multi_turn.admit_every_steps values (comma-separated): "
                    "the multi-turn case at each; the first is the one compared with single-turn")
+    p.add_argument("--cudagraph-max-tokens", type=int, default=None,
+                   help="rollout.cudagraph_max_tokens (default: the planner's choice; 0: vLLM's own)")
+    p.add_argument("--multi-only", action="store_true", help="only the multi-turn case (no single-turn baselines)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from verl_mp.config.rollout import MultiTurnConfig, RolloutConfig, SamplingConfig
     from verl_mp.engine.runtime import init_distributed
+    from verl_mp.planner.choose import graph_tokens
     from verl_mp.rollout.vllm_rollout import VLLMRollout
 
     stop = [int(t) for t in a.stop.split(",") if t]
@@ -116,9 +123,16 @@ def main() -> None:
     mt = MultiTurnConfig(enable=True, max_turns=a.turns, max_total_tokens=total, max_tool_response_tokens=16,
                          tools=["calculator"], tool_parser="benchmarks.multi_turn_speed:always_calls",
                          tool_num_workers=4)
+    graphs = a.cudagraph_max_tokens if a.cudagraph_max_tokens is not None else graph_tokens(a.prompts * a.samples, True)
     cfg = RolloutConfig(dtype=a.dtype, max_model_len=total, sleep_level=1, multi_turn=mt,
-                        gpu_memory_utilization=a.gpu_memory_utilization)
+                        gpu_memory_utilization=a.gpu_memory_utilization, cudagraph_max_tokens=graphs)
+    started = time.perf_counter()
     rollout = VLLMRollout(cfg, a.model, num_kv_heads=2)
+    start_s = time.perf_counter() - started
+    compilation = rollout.llm.llm_engine.vllm_config.compilation_config
+    engine = {"cudagraph_max_tokens": graphs, "start_s": round(start_s, 1),
+              "vllm_max_cudagraph_capture_size": compilation.max_cudagraph_capture_size,
+              "vllm_cudagraph_mode": str(compilation.cudagraph_mode)}
     batch = prompts(a.prompts)
     sampling = SamplingConfig(n=a.samples, max_new_tokens=a.turn_tokens, logprobs=False, seed=7, stop_token_ids=stop)
     admit = [int(k) for k in a.admit_every.split(",") if k]
@@ -134,6 +148,34 @@ def main() -> None:
             multi = runs
     rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
     tokens = [out.num_generated_tokens for _, out in multi]
+    last = multi[-1][1].metrics
+    result = {
+        "size": a.size, "dtype": a.dtype, "prompts": a.prompts, "n": a.samples, "turns": a.turns,
+        "turn_tokens": a.turn_tokens, "stop": stop, "engine": engine,
+        "multi_turn": {"model_tokens": tokens, "seconds": [round(s, 3) for s, _ in multi],
+                       "tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in multi),
+                       "turns_per_s": last["rollout/multi_turn/turns_per_s"],
+                       "turns_per_conversation": last["rollout/multi_turn/turns_per_conversation"],
+                       "engine_idle_frac": last["rollout/multi_turn/engine_idle_frac"],
+                       "engine_busy_frac": last["rollout/multi_turn/engine_busy_frac"],
+                       "engine_steps": last["rollout/multi_turn/engine_steps"],
+                       "tool_latency_mean_s": last["rollout/multi_turn/tool_latency_mean_s"]},
+        "multi_turn_by_admit_every": by_admit,
+    }
+    if not a.multi_only:
+        result.update(single_turn_cases(rollout, batch, multi, a))
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    rollout.close()
+    os._exit(0)  # vLLM's in-process engine has no clean shutdown
+
+
+def single_turn_cases(rollout, batch, multi, a) -> dict:
+    """The single-turn baselines on the same engine: at the multi-turn run's mean budget and
+    matched sample by sample; their rates and the multi-turn case's ratio to each."""
+    from verl_mp.config.rollout import SamplingConfig
+
+    tokens = [out.num_generated_tokens for _, out in multi]
     per_sample = statistics.median(tokens) / (a.prompts * a.samples)
     turns = rollout.turns
     rollout.turns = None  # the same engine, single-turn: one response per sample of as many tokens
@@ -141,34 +183,18 @@ def main() -> None:
     single = timed(lambda: rollout.generate(batch, single_sampling), a.repeats)
     matched = timed(lambda: matched_single_turn(rollout, batch, multi[-1][1], a.samples), a.repeats)
     rollout.turns = turns
-    mt_rates = [out.num_generated_tokens / s for s, out in multi]
-    st_rates = [out.num_tokens / s for s, out in single]
-    last = multi[-1][1].metrics
-    result = {
-        "size": a.size, "dtype": a.dtype, "prompts": a.prompts, "n": a.samples, "turns": a.turns,
-        "turn_tokens": a.turn_tokens, "stop": stop,
-        "multi_turn": {"model_tokens": tokens, "seconds": [round(s, 3) for s, _ in multi],
-                       "tokens_per_s": statistics.median(mt_rates),
-                       "turns_per_s": last["rollout/multi_turn/turns_per_s"],
-                       "turns_per_conversation": last["rollout/multi_turn/turns_per_conversation"],
-                       "engine_idle_frac": last["rollout/multi_turn/engine_idle_frac"],
-                       "engine_busy_frac": last["rollout/multi_turn/engine_busy_frac"],
-                       "engine_steps": last["rollout/multi_turn/engine_steps"],
-                       "tool_latency_mean_s": last["rollout/multi_turn/tool_latency_mean_s"]},
+    mt_rate = statistics.median(out.num_generated_tokens / s for s, out in multi)
+    single_rate = statistics.median(out.num_tokens / s for s, out in single)
+    matched_rate = statistics.median(n / s for s, n in matched)
+    return {
         "single_turn": {"max_new_tokens": single_sampling.max_new_tokens,
                         "tokens": [out.num_tokens for _, out in single],
-                        "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": statistics.median(st_rates)},
+                        "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": single_rate},
+        "single_turn_matched": {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
+                                "engine_steps_at_least": max(sum(m) for m in multi[-1][1].response_masks),
+                                "tokens_per_s": matched_rate},
+        "ratio": mt_rate / single_rate, "ratio_matched": mt_rate / matched_rate,
     }
-    result["multi_turn_by_admit_every"] = by_admit
-    result["single_turn_matched"] = {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
-                                     "engine_steps_at_least": max(sum(m) for m in multi[-1][1].response_masks),
-                                     "tokens_per_s": statistics.median(n / s for s, n in matched)}
-    result["ratio"] = result["multi_turn"]["tokens_per_s"] / result["single_turn"]["tokens_per_s"]
-    result["ratio_matched"] = result["multi_turn"]["tokens_per_s"] / result["single_turn_matched"]["tokens_per_s"]
-    Path(a.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    rollout.close()
-    os._exit(0)  # vLLM's in-process engine has no clean shutdown
 
 
 if __name__ == "__main__":

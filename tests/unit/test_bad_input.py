@@ -34,6 +34,8 @@ CONFIG_CASES = [
     ("unknown launcher", "grpo", ["trainer.launcher=mpi"], r"trainer.launcher='mpi' is not one of"),
     ("more ranks than the machine", "grpo", ["trainer.nproc=64"], r"trainer.nproc=64 asks for more ranks"),
     ("bad sleep level", "grpo", ["rollout.sleep_level=3"], r"rollout.sleep_level=3 must be 1 \(offload the weights"),
+    ("negative CUDA-graph range", "grpo", ["rollout.cudagraph_max_tokens=-16"],
+     r"rollout.cudagraph_max_tokens=-16 must be >= 0 \(0: vLLM.s own capture sizes; null: the planner.s choice\)"),
     ("unknown sync mode", "grpo", ["rollout.weight_sync_mode=fast"], r"rollout.weight_sync_mode='fast' is not one of \('auto', 'gather', 'local'\)"),
     ("local sync without vLLM", "grpo", ["rollout.backend=hf", "rollout.weight_sync_mode=local"], r"weight_sync_mode=local needs rollout.backend=vllm"),
     ("fp16 training", "grpo", ["model.dtype=fp16"], r"model.dtype='fp16' is not one of \('fp32', 'bf16'\) \(fp16 training overflows"),

@@ -53,7 +53,7 @@ def test_each_budget_is_the_largest_that_fits_the_headroom(body, gib):
     cfg = load_config("grpo", [f"model.path={body}", *JOB])
     spec, options = read_spec(body), MemoryPlanOptions(gpu_memory_gib=gib)
     chosen, choices = choose(cfg, spec, options)
-    got = {c.key.split(".")[0]: c.value for c in choices}
+    got = {c.key.split(".")[0]: c.value for c in choices if c.key.endswith("max_tokens_per_micro_batch")}
     assert set(got) == {"actor", "ref"}  # GRPO: no critic
     assert _peak_share(chosen, spec, options) <= HEADROOM
     for role, budget in got.items():
@@ -74,9 +74,10 @@ def test_budgets_differ_by_gpu_and_settings_the_run_gives_are_kept(body):
     budget = load_config("grpo", [f"model.path={body}", *JOB, "ref.max_tokens_per_micro_batch=4096"])
     kept, choices = choose(rows, spec, MemoryPlanOptions(gpu_memory_gib=140.4))
     assert kept.actor.micro_batch_size == 8 and kept.actor.max_tokens_per_micro_batch is None
-    assert [c.key for c in choices] == ["ref.max_tokens_per_micro_batch"]
+    assert [c.key for c in choices] == ["ref.max_tokens_per_micro_batch", "rollout.cudagraph_max_tokens"]
     kept, choices = choose(budget, spec, MemoryPlanOptions(gpu_memory_gib=140.4))
-    assert kept.ref.max_tokens_per_micro_batch == 4096 and [c.key for c in choices] == ["actor.max_tokens_per_micro_batch"]
+    assert kept.ref.max_tokens_per_micro_batch == 4096
+    assert [c.key for c in choices] == ["actor.max_tokens_per_micro_batch", "rollout.cudagraph_max_tokens"]
 
 
 def test_a_budget_is_capped_by_the_ranks_mini_batch(body):
@@ -90,7 +91,7 @@ def test_a_budget_is_capped_by_the_ranks_mini_batch(body):
 def test_without_a_gpu_the_fallback_budget_and_preflight_applies_the_choice(body, tmp_path):
     cfg = load_config("grpo", [f"model.path={body}", *JOB])
     chosen, choices = choose(cfg, read_spec(body), None)
-    assert {c.value for c in choices} == {default_token_budget(SEQ)} == {4 * SEQ}
+    assert {c.value for c in choices} == {default_token_budget(SEQ)} == {4 * SEQ}  # no CUDA-graph choice either
     assert "no GPU to plan for" in choices[0].reason
     # a plan built without preflight falls back the same way; fixed rows stay rows
     assert build_plan(cfg).actor.max_tokens_per_micro_batch == 4 * SEQ
@@ -114,3 +115,24 @@ def test_verl_mp_plan_prints_the_choices_with_reasons(body, capsys):
     assert "settings chosen for this run" in out
     assert "actor.max_tokens_per_micro_batch=16384: token-budget micro-batches" in out and "the cap for actor" in out
     assert "rollout.sleep_level=2: a dense model" in out and "rollout.gpu_memory_utilization=0.4" in out
+
+
+@pytest.mark.parametrize("extra, want", [
+    ([], 1024),  # 256 x 8 samples on one engine: vLLM decodes 1024 at once, its graphs stop at 512
+    (["data.train_batch_size=32", "actor.ppo_mini_batch_size=32"], 0),  # 256 sequences: vLLM's own sizes do
+    (["data.train_batch_size=64", "actor.ppo_mini_batch_size=64", "rollout.multi_turn.enable=true",
+      "rollout.multi_turn.tools=[calculator]"], 512 + 256),  # the next turns' prefill beside 512 decodes
+    (["trainer.nproc=2", "data.train_batch_size=160", "actor.ppo_mini_batch_size=160"], 640),  # 1280 over 2 engines
+    (["rollout.cudagraph_max_tokens=600"], 600),  # the run's own setting is kept
+])
+def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, want):
+    cfg = load_config("grpo", [f"model.path={body}", *JOB, *extra])
+    chosen, choices = choose(cfg, read_spec(body), MemoryPlanOptions(gpu_memory_gib=140.4))
+    assert chosen.rollout.cudagraph_max_tokens == want
+    picked = [c for c in choices if c.key == "rollout.cudagraph_max_tokens"]
+    if "rollout.cudagraph_max_tokens=600" in extra:
+        assert not picked
+    else:
+        assert [c.value for c in picked] == [want] and "sequences per engine" in picked[0].reason
+    assert build_plan(chosen).rollout.cudagraph_max_tokens == want  # what the rollout engines are told
+    assert cfg.rollout.cudagraph_max_tokens == (600 if picked == [] else None)  # config.yaml keeps what was written

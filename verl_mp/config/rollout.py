@@ -144,6 +144,15 @@ class RolloutConfig:
     enforce_eager: bool | None = None
     """Disable CUDA graphs / torch.compile (faster start, slower decode). None: eager on
     CPU (compiling costs tens of seconds per start there), compiled on GPU."""
+    cudagraph_max_tokens: int | None = None
+    """CUDA vLLM: the largest engine step (tokens: one per decoding sequence plus the prefill
+    tokens scheduled beside them) that replays a CUDA graph (vLLM's
+    ``max_cudagraph_capture_size``); a larger step runs without one, launch-bound for a small
+    model. 0: vLLM's own (512 on H100/H200, below the 1024 sequences it decodes at once).
+    None: chosen by the planner for the run's GPU (`verl_mp.planner.choose.cudagraph_tokens`:
+    the sequences one engine holds, up to 1024, plus 256 with multi-turn rollouts, whose steps
+    prefill the next turns beside the decoding ones), else vLLM's. Each 16 tokens above 512 is
+    one more batch size captured at start-up."""
     load_format: str = "auto"
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""
@@ -229,6 +238,9 @@ class RolloutConfig:
             raise ValueError(f"rollout.logprobs_source={self.logprobs_source!r} is not one of {LOGPROBS_SOURCES}")
         if self.routing_capture not in ROUTING_CAPTURE:
             raise ValueError(f"rollout.routing_capture={self.routing_capture!r} is not one of {ROUTING_CAPTURE}")
+        if self.cudagraph_max_tokens is not None and self.cudagraph_max_tokens < 0:
+            raise ValueError(f"rollout.cudagraph_max_tokens={self.cudagraph_max_tokens} must be >= 0 (0: vLLM's own "
+                             "capture sizes; null: the planner's choice)")
         if self.weight_sync_bucket_mb < 1:
             raise ValueError("rollout.weight_sync_bucket_mb must be >= 1")
         if self.sleep_level not in (None, 1, 2):

@@ -9,6 +9,12 @@ data-parallel rank holds in a mini-batch (a larger budget changes nothing).
 Without a GPU to plan for (a CPU run, no ``trainer.gpu_memory_gib``), the budget is
 `default_token_budget`: 4 full-length sequences, the worst case of the former default of 4 rows.
 
+On a GPU the rollout's CUDA-graph range is chosen too when unset
+(``rollout.cudagraph_max_tokens``, `cudagraph_tokens`): vLLM replays graphs for steps of up
+to 512 tokens by default but decodes up to 1024 sequences at once on H100/H200, and a
+multi-turn step prefills the next turns beside the decoding ones; a step past the range runs
+without a graph.
+
 Preflight applies the choices (`plan.yaml` shows them; ``config.yaml`` keeps what the user
 wrote); ``verl-mp plan`` prints them with their reasons.
 """
@@ -23,7 +29,8 @@ from verl_mp.config.engine import DEFAULT_BUDGET_ROWS, default_token_budget
 from verl_mp.config.engine import ForwardSettings
 from verl_mp.config.schema import RootConfig
 from verl_mp.models.spec import GPTSpec
-from verl_mp.plan import critic_enabled, reference_enabled
+from verl_mp.config.placement import resolve_placement
+from verl_mp.plan import critic_enabled, enabled_roles, reference_enabled
 from verl_mp.planner.memory_plan import MemoryPlanOptions, plan_memory
 
 HEADROOM = 0.9
@@ -37,6 +44,15 @@ GRPO loop of the 1.5B body a 32768-token actor budget updated slower than 18432 
 2.9 s a step) and filled the card to 139.3 of 140.4 GiB (cached blocks of micro-batches of
 varying shapes); the engine alone gained ~5% from 16k to 32k tokens."""
 BUDGET_STEP = 1024
+VLLM_GRAPH_TOKENS = 512
+"""vLLM 0.26's largest captured step by default (``min(2 x max_num_seqs, 512)``)."""
+VLLM_MAX_SEQS = 1024
+"""vLLM 0.26's default ``max_num_seqs`` for the offline engine on GPUs of 70 GiB or more: the
+most sequences one engine decodes at once."""
+MULTI_TURN_GRAPH_ROOM = 256
+"""Tokens above the decoding sequences a multi-turn step's graph leaves for the next turns'
+prefill: each admitted turn prefills its tool response (``max_tool_response_tokens`` or
+less, plus the chat template's fragments) and the unfinished KV block before it."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +81,43 @@ def _with_budgets(cfg: RootConfig, budgets: dict[str, int]) -> RootConfig:
 
 
 def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
-    """``cfg`` with the unset micro-batching filled in, and what was chosen. ``options`` None:
-    no GPU to plan for."""
+    """``cfg`` with the unset micro-batching (and, on a GPU, the rollout's CUDA-graph range)
+    filled in, and what was chosen. ``options`` None: no GPU to plan for."""
+    cfg, choices = _choose_budgets(cfg, spec, options)
+    if options is not None and cfg.rollout.backend == "vllm" and cfg.rollout.cudagraph_max_tokens is None:
+        tokens, why = cudagraph_tokens(cfg)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, cudagraph_max_tokens=tokens))
+        choices.append(Choice("rollout.cudagraph_max_tokens", tokens, why))
+    return cfg, choices
+
+
+def cudagraph_tokens(cfg: RootConfig) -> tuple[int, str]:
+    """The CUDA-graph range for the run's rollout engines (``rollout.cudagraph_max_tokens``)
+    and why: every sequence one engine decodes at once (a prompt batch's samples spread over
+    the engines, at most `VLLM_MAX_SEQS`), plus `MULTI_TURN_GRAPH_ROOM` for a multi-turn
+    rollout, rounded up to vLLM's stride of 16; 0 (vLLM's own) where that is no more than
+    `VLLM_GRAPH_TOKENS`."""
+    placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
+    engines = max(1, placement.pool_size("rollout") // cfg.rollout.tensor_model_parallel_size)
+    seqs = -(-cfg.data.train_batch_size * cfg.rollout.sampling.n // engines)
+    multi_turn = cfg.rollout.multi_turn.enable
+    tokens = graph_tokens(seqs, multi_turn)
+    held = f"{min(seqs, VLLM_MAX_SEQS)} sequences per engine ({seqs} samples over {engines} engine(s), " \
+           f"at most {VLLM_MAX_SEQS} decoded at once)" + \
+           (f" + {MULTI_TURN_GRAPH_ROOM} tokens for the next turns' prefill" if multi_turn else "")
+    if not tokens:
+        return 0, f"vLLM's own CUDA-graph sizes cover every step: {held}"
+    return tokens, f"CUDA graphs up to {tokens}-token steps, vLLM's own stop at {VLLM_GRAPH_TOKENS}: {held}"
+
+
+def graph_tokens(seqs_per_engine: int, multi_turn: bool) -> int:
+    """`cudagraph_tokens`' arithmetic: 0 where vLLM's own sizes suffice."""
+    room = MULTI_TURN_GRAPH_ROOM if multi_turn else 0
+    tokens = -(-(min(seqs_per_engine, VLLM_MAX_SEQS) + room) // 16) * 16
+    return tokens if tokens > VLLM_GRAPH_TOKENS else 0
+
+
+def _choose_budgets(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
     roles = auto_roles(cfg)
     if not roles:
         return cfg, []
@@ -129,6 +180,8 @@ def render_choices(cfg: RootConfig, spec: GPTSpec, choices: list[Choice]) -> str
         lines.append(f"  rollout.sleep_level={sleep}: {'a mixture of experts keeps its weights asleep in CPU memory (level 1)' if sleep == 1 else 'a dense model drops its weights while training (level 2): the sync rewrites them'}")
     else:
         lines.append(f"  rollout.sleep_level={sleep}: set by the run")
+    if cfg.rollout.cudagraph_max_tokens is not None and "rollout.cudagraph_max_tokens" not in [c.key for c in choices]:
+        lines.append(f"  rollout.cudagraph_max_tokens={cfg.rollout.cudagraph_max_tokens}: set by the run")
     lines.append(f"  rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization}: vLLM's share of the GPU "
                  "while it generates (the KV cache is the rest of it after the weights; the table shows its tokens)")
     return "\n".join(lines)

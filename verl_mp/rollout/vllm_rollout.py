@@ -97,6 +97,8 @@ class VLLMRollout:
             kwargs.update(attention_backend="CPU_MLA")
         if torch.cuda.is_available():
             kwargs.update(gpu_memory_utilization=cfg.gpu_memory_utilization, enable_sleep_mode=True)
+            if cfg.cudagraph_max_tokens:  # None (no plan) or 0: vLLM's own capture sizes
+                kwargs.update(compilation_config={"max_cudagraph_capture_size": cfg.cudagraph_max_tokens})
         self.sleep_level = cfg.sleep_level or (1 if moe else 2)
         """`RolloutConfig.sleep_level` resolved: 2 for a dense model, 1 for a mixture of experts."""
         self.record_routing = record_routing
