@@ -72,8 +72,10 @@ def matched_single_turn(rollout, batch: list[list[int]], multi_out, n: int) -> i
     from vllm.inputs import TokensPrompt
 
     budgets = [sum(mask) for mask in multi_out.response_masks]
-    params = [SamplingParams(max_tokens=max(1, k), min_tokens=max(1, k), ignore_eos=True, temperature=1.0,
-                             seed=7 + i) for i, k in enumerate(budgets)]
+    # no per-request seeds, as the multi-turn case (seed_scope=batch): vLLM samples a batch of seeded
+    # requests one by one in a Python loop
+    params = [SamplingParams(max_tokens=max(1, k), min_tokens=max(1, k), ignore_eos=True, temperature=1.0)
+              for k in budgets]
     requests = [TokensPrompt(prompt_token_ids=list(batch[i // n])) for i in range(len(budgets))]
     outs = rollout.llm.generate(requests, params, use_tqdm=False)
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
