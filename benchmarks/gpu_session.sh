@@ -22,7 +22,10 @@
 #                  GB/s, log-prob gap, clip fraction), its generation speed in vLLM alone, and the MoE
 #                  local-sync GPU test (EP2 cases need 2 GPUs).
 #   dsv3         : after stash + stash_moe, carry .gpu-vllm/part2 + .whl (issue 43): a tiny DeepSeek-V3 (MLA with
-#                  DeepSeek's head dims, YaRN) through verify --rollout vllm in bf16, and the sync vs vLLM's loader.
+#                  DeepSeek's head dims, YaRN) through verify --rollout vllm in bf16, and the sync vs vLLM's loader
+#                  (DSV3_VERIFY_TPS= and DSV3_LOADER=0 skip them), GRPO with routing replay (DSV3_GRPO=0 skips it),
+#                  and with DSV3_BASELINE=1 the Qwen3-MoE body's GRPO with the same replay on the same card (the bar).
+#                  Next: DSV3_VERIFY_TPS= DSV3_LOADER=0 STEPS=3 DSV3_GRPO_S=240 DSV3_BASELINE=1 (~8-9 min).
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
@@ -292,11 +295,13 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
       python3 -m verl_mp verify --model "$model" --rollout vllm --rollout-tp $tp --dtype bf16 > "$OUT/dsv3_verify_bf16.log" 2>&1
     echo "dsv3 verify bf16 rc=$?"; grep -E '^[{]|Error' "$OUT/dsv3_verify_bf16.log" | tail -2 | cut -c1-900
   done
-  CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} timeout ${VERIFY_S:-240} python3 -m torch.distributed.run \
-    --standalone --nproc-per-node 1 -m verl_mp.cli.rank_verify_rollout --model "$model" --dtype bf16 \
-    --loader-check /tmp/dsv3_export --out "$OUT/dsv3_loader.json" > "$OUT/dsv3_loader.log" 2>&1
-  echo "dsv3 loader check rc=$?"; grep -E 'Error' "$OUT/dsv3_loader.log" | grep -v ChildFailed | tail -2 | cut -c1-600
-  cut -c1-1200 "$OUT/dsv3_loader.json" 2>/dev/null
+  if [ "${DSV3_LOADER:-1}" = 1 ]; then  # DSV3_LOADER=0 skips it (63 of 63 equal on an H100, 2026-12-06)
+    CUDA_VISIBLE_DEVICES=0 VLLM_ATTENTION_BACKEND=${MLA_BACKEND:-TRITON_MLA} timeout ${VERIFY_S:-240} python3 -m torch.distributed.run \
+      --standalone --nproc-per-node 1 -m verl_mp.cli.rank_verify_rollout --model "$model" --dtype bf16 \
+      --loader-check /tmp/dsv3_export --out "$OUT/dsv3_loader.json" > "$OUT/dsv3_loader.log" 2>&1
+    echo "dsv3 loader check rc=$?"; grep -E 'Error' "$OUT/dsv3_loader.log" | grep -v ChildFailed | tail -2 | cut -c1-600
+    cut -c1-1200 "$OUT/dsv3_loader.json" 2>/dev/null
+  fi
   # GRPO on the DeepSeek-V3 body (gpu_grpo.sh SIZE=dsv3) with routing replay from the rollout's own routing,
   # as the Qwen3-MoE run of `moe` (its gap is the bar), then the table
   [ "${DSV3_GRPO:-1}" = 1 ] || return 0
@@ -306,6 +311,14 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
   echo "dsv3 grpo rc=$?"; grep -E "run failed|Error|error:" "$OUT/dsv3_grpo.log" | tail -3 | cut -c1-400
   cp "$OUT/dsv3_grpo/metrics.jsonl" "$OUT/dsv3_grpo_metrics.jsonl" 2>/dev/null
   python3 benchmarks/grpo_table.py "$OUT/dsv3_grpo_metrics.jsonl" 2>/dev/null
+  # DSV3_BASELINE=1: the bar on the same card, in the same call: the Qwen3-MoE body of `moe` with the same replay
+  # (the project's hooks), the same steps (its 2026-12-02 gap was measured on an H200)
+  [ "${DSV3_BASELINE:-0}" = 1 ] || return 0
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/moe_work SIZE=moe MICRO=16 STEPS=${STEPS:-5} GAP_FREQ=1 timeout ${MOE_GRPO_S:-240} \
+    bash benchmarks/gpu_grpo.sh "$OUT/moe_grpo" actor.router_replay=rollout > "$OUT/moe_grpo.log" 2>&1
+  echo "qwen3-moe grpo rc=$?"; grep -E "run failed|Error|error:" "$OUT/moe_grpo.log" | tail -3 | cut -c1-400
+  cp "$OUT/moe_grpo/metrics.jsonl" "$OUT/moe_grpo_metrics.jsonl" 2>/dev/null
+  python3 benchmarks/grpo_table.py "$OUT/moe_grpo_metrics.jsonl" 2>/dev/null
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO
