@@ -71,7 +71,7 @@
 #                  0.5B body: benchmarks/multi_turn_speed.py (one engine: multi-turn at admit_every_steps AGENT_ADMIT
 #                  (1,4,16) vs single-turn of as many tokens, at the mean budget and matched per sample), then a
 #                  multi-turn GRPO run and a single-turn one whose max_new_tokens is the first's mean model tokens per
-#                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both); ~7-9 min.
+#                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both, AGENT_SPEED=0 the engine benchmark); ~7-9 min.
 #                  First (AGENT_GRAPHS0=0 skips it) the multi-turn case alone with vLLM's own CUDA-graph range (512
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
 #   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
@@ -505,6 +505,7 @@ run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs singl
   # AGENT_GRAPHS0=0 skips the first case: the multi-turn rollout with vLLM's own CUDA-graph range (512 tokens; a step
   # of 512 decodes plus the next turns' prefill runs without a graph), before the planner's (rollout.cudagraph_max_tokens)
   setup_python
+  if [ "${AGENT_SPEED:-1}" = 1 ]; then  # AGENT_SPEED=0: the GRPO pair alone
   if [ "${AGENT_GRAPHS0:-1}" = 1 ]; then
     CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
       benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every 1 \
@@ -528,6 +529,7 @@ for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
               f"{m['tokens_per_s'] / r['single_turn_matched']['tokens_per_s']:.3f}" if "single_turn_matched" in r else "-",
               sep=" | ")
 PY
+  fi
   [ "${AGENT_GRPO:-1}" = 1 ] || return 0  # AGENT_GRPO=0: the engine benchmark only
   # the GRPO loop: 4 turns of <= 256 tokens (every turn that stops calls the calculator; stop tokens 5,6,7 end a turn
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
