@@ -96,6 +96,11 @@ def test_engine_arguments_follow_the_rollout_config():
     level2 = engine_kwargs(RolloutConfig(backend="sglang", sglang_deterministic=True), "/m", 0)
     assert not level2["enable_weights_cpu_backup"] and "attention_backend" not in level2
     assert level2["enable_deterministic_inference"] and level2["sampling_backend"] == "pytorch"
+    # the planner's CUDA-graph range is SGLang's largest decode graph (a field of SGLang 0.5.17's ServerArgs)
+    assert "cuda_graph_max_bs_decode" not in kw and "cuda_graph_max_bs_decode" not in level2
+    assert engine_kwargs(RolloutConfig(backend="sglang", cudagraph_max_tokens=512), "/m", 0)["cuda_graph_max_bs_decode"] == 512
+    eager = engine_kwargs(RolloutConfig(backend="sglang", cudagraph_max_tokens=512, enforce_eager=True), "/m", 0)
+    assert eager["disable_cuda_graph"] and "cuda_graph_max_bs_decode" not in eager
 
 
 def test_weight_batches_reach_the_bucket_and_never_split_a_tensor():

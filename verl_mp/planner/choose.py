@@ -46,6 +46,10 @@ varying shapes); the engine alone gained ~5% from 16k to 32k tokens."""
 BUDGET_STEP = 1024
 VLLM_GRAPH_TOKENS = 512
 """vLLM 0.26's largest captured step by default (``min(2 x max_num_seqs, 512)``)."""
+OWN_GRAPH_RANGE = {"vllm": lambda tp: VLLM_GRAPH_TOKENS, "sglang": lambda tp: 256 if tp < 4 else 512}
+"""Each GPU backend's own largest CUDA-graph batch on H100/H200, by rollout TP size: vLLM's
+steps of 512 tokens, SGLang 0.5.17's decode batches of 256 sequences below TP 4, else 512
+(``server_args.py``, by GPU memory)."""
 VLLM_MAX_SEQS = 1024
 """vLLM 0.26's default ``max_num_seqs`` for the offline engine on GPUs of 70 GiB or more: the
 most sequences one engine decodes at once."""
@@ -84,7 +88,7 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) ->
     """``cfg`` with the unset micro-batching (and, on a GPU, the rollout's CUDA-graph range)
     filled in, and what was chosen. ``options`` None: no GPU to plan for."""
     cfg, choices = _choose_budgets(cfg, spec, options)
-    if options is not None and cfg.rollout.backend == "vllm" and cfg.rollout.cudagraph_max_tokens is None:
+    if options is not None and cfg.rollout.backend in OWN_GRAPH_RANGE and cfg.rollout.cudagraph_max_tokens is None:
         tokens, why = cudagraph_tokens(cfg)
         cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, cudagraph_max_tokens=tokens))
         choices.append(Choice("rollout.cudagraph_max_tokens", tokens, why))
@@ -101,20 +105,21 @@ def cudagraph_tokens(cfg: RootConfig) -> tuple[int, str]:
     engines = max(1, placement.pool_size("rollout") // cfg.rollout.tensor_model_parallel_size)
     seqs = -(-cfg.data.train_batch_size * cfg.rollout.sampling.n // engines)
     multi_turn = cfg.rollout.multi_turn.enable
-    tokens = graph_tokens(seqs, multi_turn)
+    own = OWN_GRAPH_RANGE[cfg.rollout.backend](cfg.rollout.tensor_model_parallel_size)
+    tokens = graph_tokens(seqs, multi_turn, own)
     held = f"{min(seqs, VLLM_MAX_SEQS)} sequences per engine ({seqs} samples over {engines} engine(s), " \
            f"at most {VLLM_MAX_SEQS} decoded at once)" + \
            (f" + {MULTI_TURN_GRAPH_ROOM} tokens for the next turns' prefill" if multi_turn else "")
     if not tokens:
-        return 0, f"vLLM's own CUDA-graph sizes cover every step: {held}"
-    return tokens, f"CUDA graphs up to {tokens}-token steps, vLLM's own stop at {VLLM_GRAPH_TOKENS}: {held}"
+        return 0, f"{cfg.rollout.backend}'s own CUDA-graph sizes cover every step: {held}"
+    return tokens, f"CUDA graphs up to {tokens}-token steps, {cfg.rollout.backend}'s own stop at {own}: {held}"
 
 
-def graph_tokens(seqs_per_engine: int, multi_turn: bool) -> int:
-    """`cudagraph_tokens`' arithmetic: 0 where vLLM's own sizes suffice."""
+def graph_tokens(seqs_per_engine: int, multi_turn: bool, own: int = VLLM_GRAPH_TOKENS) -> int:
+    """`cudagraph_tokens`' arithmetic: 0 where the backend's ``own`` range suffices."""
     room = MULTI_TURN_GRAPH_ROOM if multi_turn else 0
     tokens = -(-(min(seqs_per_engine, VLLM_MAX_SEQS) + room) // 16) * 16
-    return tokens if tokens > VLLM_GRAPH_TOKENS else 0
+    return tokens if tokens > own else 0
 
 
 def _choose_budgets(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:

@@ -165,6 +165,8 @@ def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int) -> dic
         port=_free_port(),  # one engine per data-parallel group, several per node
         log_level="error",
     )
+    if cfg.cudagraph_max_tokens and not cfg.enforce_eager:  # its decode graphs' largest batch (sequences)
+        kwargs["cuda_graph_max_bs_decode"] = cfg.cudagraph_max_tokens
     if cfg.sglang_attention_backend is not None:
         kwargs["attention_backend"] = cfg.sglang_attention_backend
     if cfg.sglang_deterministic:
