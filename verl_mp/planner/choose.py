@@ -106,13 +106,14 @@ def cudagraph_tokens(cfg: RootConfig) -> tuple[int, str]:
     seqs = -(-cfg.data.train_batch_size * cfg.rollout.sampling.n // engines)
     multi_turn = cfg.rollout.multi_turn.enable
     own = OWN_GRAPH_RANGE[cfg.rollout.backend](cfg.rollout.tensor_model_parallel_size)
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[cfg.rollout.backend]
     tokens = graph_tokens(seqs, multi_turn, own)
-    held = f"{min(seqs, VLLM_MAX_SEQS)} sequences per engine ({seqs} samples over {engines} engine(s), " \
+    held = f"{min(seqs, VLLM_MAX_SEQS)} sequences per engine ({seqs} samples over {engines} engine{'s' if engines > 1 else ''}, " \
            f"at most {VLLM_MAX_SEQS} decoded at once)" + \
            (f" + {MULTI_TURN_GRAPH_ROOM} tokens for the next turns' prefill" if multi_turn else "")
     if not tokens:
-        return 0, f"{cfg.rollout.backend}'s own CUDA-graph sizes cover every step: {held}"
-    return tokens, f"CUDA graphs up to {tokens}-token steps, {cfg.rollout.backend}'s own stop at {own}: {held}"
+        return 0, f"{name}'s own CUDA-graph sizes cover every step: {held}"
+    return tokens, f"CUDA graphs up to {tokens}-token steps, {name}'s own stop at {own}: {held}"
 
 
 def graph_tokens(seqs_per_engine: int, multi_turn: bool, own: int = VLLM_GRAPH_TOKENS) -> int:
