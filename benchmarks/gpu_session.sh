@@ -74,6 +74,7 @@
 #                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both, AGENT_SPEED=0 the engine benchmark); ~7-9 min.
 #                  First (AGENT_GRAPHS0=0 skips it) the multi-turn case alone with vLLM's own CUDA-graph range (512
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
+#                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
 #                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
@@ -549,13 +550,25 @@ print(round(sum(r["rollout/multi_turn/model_tokens"] / r["rollout/multi_turn/con
 PY
 )
   echo "multi-turn mean model tokens per sample: $mean"
-  if [ "${AGENT_SINGLE:-1}" = 1 ]; then
-    env "${common[@]}" timeout 200 bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" rollout.sampling.max_new_tokens="$mean" \
-      > "$OUT/grpo_single_turn.log" 2>&1
+  # AGENT_SINGLE: budget (1, the default): single-turn responses of exactly the mean (no length spread); stop: responses
+  # that end at stop token AGENT_SINGLE_STOP (5) within 1024 tokens, a spread like the conversations' (their mean is
+  # not matched: the rates are compared); both; 0: none
+  local single=${AGENT_SINGLE:-1}
+  if [ "$single" = 1 ] || [ "$single" = budget ] || [ "$single" = both ]; then
+    env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" \
+      rollout.sampling.max_new_tokens="$mean" > "$OUT/grpo_single_turn.log" 2>&1
     echo "grpo single-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn.log" | tail -3 | cut -c1-400
   fi
-  for kind in multi_turn single_turn; do cp "$OUT/grpo_$kind/metrics.jsonl" "$OUT/grpo_${kind}_metrics.jsonl" 2>/dev/null; done
-  python3 - "$OUT/grpo_multi_turn_metrics.jsonl" "$OUT/grpo_single_turn_metrics.jsonl" <<'PY'
+  if [ "$single" = stop ] || [ "$single" = both ]; then
+    env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn_stop" \
+      rollout.sampling.max_new_tokens=1024 "rollout.sampling.stop_token_ids=[${AGENT_SINGLE_STOP:-5}]" \
+      > "$OUT/grpo_single_turn_stop.log" 2>&1
+    echo "grpo single-turn (stop token) rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn_stop.log" | tail -3 | cut -c1-400
+  fi
+  for kind in multi_turn single_turn single_turn_stop; do
+    cp "$OUT/grpo_$kind/metrics.jsonl" "$OUT/grpo_${kind}_metrics.jsonl" 2>/dev/null
+  done
+  python3 - "$OUT/grpo_multi_turn_metrics.jsonl" "$OUT/grpo_single_turn_metrics.jsonl" "$OUT/grpo_single_turn_stop_metrics.jsonl" <<'PY'
 import json, os, sys
 keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn/model_tokens", "rollout/multi_turn/turns_per_s",
         "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac",
@@ -567,10 +580,14 @@ for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
     for r in rows:
         print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
     later = [r["timing/generate_tokens_per_s"] for r in rows if r["step"] > 1]  # step 1 warms up
-    rates[path] = sum(later) / max(len(later), 1)
-if len(rates) == 2:
-    multi, single = rates.values()
-    print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, single-turn {single:.0f}, ratio {multi / single:.3f}")
+    last = rows[-1]
+    rates[path.rsplit("/", 1)[-1].removeprefix("grpo_").removesuffix("_metrics.jsonl")] = (
+        sum(later) / max(len(later), 1), last.get("response_length/mean", 0), last.get("response_length/max", 0))
+multi = rates.pop("multi_turn", (None,))[0]
+for name, (rate, mean, top) in rates.items():
+    if multi:
+        print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, {name} {rate:.0f} (responses: mean {mean:.0f}, "
+              f"max {top:.0f} tokens), ratio {multi / rate:.3f}")
 PY
 }
 
