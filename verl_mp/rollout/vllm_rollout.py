@@ -112,6 +112,10 @@ class VLLMRollout:
             else:  # every position run by its own request, outside CUDA graphs (routing_capture.py)
                 kwargs.update(enable_prefix_caching=False, enforce_eager=True)
         self.llm = LLM(**kwargs)
+        if torch.cuda.is_available() and self.rank == 0:
+            graphs = self.llm.llm_engine.vllm_config.compilation_config
+            logger.info("vLLM CUDA graphs: %s, steps of up to %s tokens (rollout.cudagraph_max_tokens=%s)",
+                        graphs.cudagraph_mode, graphs.max_cudagraph_capture_size, cfg.cudagraph_max_tokens)
         self.sampler_logprobs = cfg.logprobs_source == "sampler"
         """Log-probs come from the sampler's tensors (`verl_mp.patches.vllm_sampled_logprobs`), not
         vLLM's per-token objects (`RolloutConfig.logprobs_source`)."""
