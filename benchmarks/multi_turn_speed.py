@@ -161,6 +161,7 @@ def main() -> None:
                        "engine_idle_frac": last["rollout/multi_turn/engine_idle_frac"],
                        "engine_busy_frac": last["rollout/multi_turn/engine_busy_frac"],
                        "engine_steps": last["rollout/multi_turn/engine_steps"],
+                       "prefix_cached_frac": last["rollout/multi_turn/engine_prefix_cached_frac"],
                        "tool_latency_mean_s": last["rollout/multi_turn/tool_latency_mean_s"]},
         "multi_turn_by_admit_every": by_admit,
     }

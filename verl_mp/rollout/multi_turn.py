@@ -54,6 +54,9 @@ class TurnOutput:
     """Stopped at a stop token (EOS), not at its token budget."""
     routing: Any = None
     """The request's routed experts (``rollout.routing_capture=vllm``), else None."""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the request's ``prompt_tokens``, those the engine's prefix cache served (not computed)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class MultiTurnState:
         """Conversations whose next turn can be submitted."""
         self.counts: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
         self.tool_seconds: list[float] = []
+        self.resumed_prompt_tokens = self.resumed_cached_tokens = 0
+        """Prompt tokens of the continuation turns, and those of them the prefix cache served."""
 
     # -- the loop's two calls -----------------------------------------------------------------
     def next_requests(self, engine_busy: bool) -> tuple[list[TurnRequest], bool]:
@@ -174,6 +179,9 @@ class MultiTurnState:
         return TurnRequest(f"{conv.index}.{conv.turns}", prompt, budget, seed)
 
     def _turn(self, conv: Conversation, out: TurnOutput) -> None:
+        if conv.turns:  # a continuation: its prompt is the conversation so far
+            self.resumed_prompt_tokens += out.prompt_tokens
+            self.resumed_cached_tokens += out.cached_tokens
         conv.turns += 1
         self.counts["turns"] += 1
         self.counts["model_tokens"] += len(out.token_ids)
@@ -263,7 +271,9 @@ class MultiTurnState:
     def metrics(self) -> dict[str, float]:
         """Raw counters (summed over engines by `merge_metrics`)."""
         return {**self.counts, "conversations": float(len(self.convs)), "tool_seconds": sum(self.tool_seconds),
-                "tool_seconds_max": max(self.tool_seconds, default=0.0)}
+                "tool_seconds_max": max(self.tool_seconds, default=0.0),
+                "resumed_prompt_tokens": float(self.resumed_prompt_tokens),
+                "resumed_cached_tokens": float(self.resumed_cached_tokens)}
 
 
 COUNTERS = ("turns", "model_tokens", "tool_tokens", "tool_calls", "tool_ok", "tool_errors", "tool_timeouts",
@@ -330,6 +340,8 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
                                                 / max(sum(p.get("wall_s", 0.0) for p in parts), 1e-9)),
         "rollout/multi_turn/engine_steps": max((p.get("engine_steps", 0.0) for p in parts), default=0.0),
         "rollout/multi_turn/engine_admissions": max((p.get("admissions", 0.0) for p in parts), default=0.0),
+        "rollout/multi_turn/engine_prefix_cached_frac": (total.get("resumed_cached_tokens", 0.0)
+                                                         / max(total.get("resumed_prompt_tokens", 0.0), 1.0)),
     })
     return out
 

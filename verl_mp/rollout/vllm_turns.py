@@ -81,7 +81,9 @@ class VLLMTurnEngine:
             elif self.sampling.logprobs:
                 lps = [entry[tok].logprob for tok, entry in zip(ids, comp.logprobs, strict=True)]
             outputs.append(TurnOutput(out.request_id, ids, lps, comp.finish_reason == "stop",
-                                      getattr(comp, "routed_experts", None) if self.routing else None))
+                                      getattr(comp, "routed_experts", None) if self.routing else None,
+                                      prompt_tokens=len(out.prompt_token_ids or ()),
+                                      cached_tokens=out.num_cached_tokens or 0))
         return outputs
 
     def sampled_logprobs(self) -> dict[str, list[float]]:

