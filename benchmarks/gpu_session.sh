@@ -519,13 +519,14 @@ run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs singl
   echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
   python3 - "$OUT/multi_turn_speed_vllm_graphs.json" "$OUT/multi_turn_speed.json" <<'PY'
 import json, os, sys
-print("case | graphs to | start s | admit | multi-turn tok/s | engine steps | single (mean budget) | single matched | ratio matched")
+print("case | graphs to | start s | admit | multi-turn tok/s | engine steps | prefix cached | single (mean budget) | single matched | ratio matched")
 for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
     r = json.load(open(path))
     e = r["engine"]
     for k, m in r["multi_turn_by_admit_every"].items():
         print(os.path.basename(path), e["vllm_max_cudagraph_capture_size"], e["start_s"], k, f"{m['tokens_per_s']:.0f}",
-              m["engine_steps"], f"{r['single_turn']['tokens_per_s']:.0f}" if "single_turn" in r else "-",
+              m["engine_steps"], f"{r['multi_turn'].get('prefix_cached_frac', float('nan')):.2f}",
+              f"{r['single_turn']['tokens_per_s']:.0f}" if "single_turn" in r else "-",
               f"{r['single_turn_matched']['tokens_per_s']:.0f}" if "single_turn_matched" in r else "-",
               f"{m['tokens_per_s'] / r['single_turn_matched']['tokens_per_s']:.3f}" if "single_turn_matched" in r else "-",
               sep=" | ")
@@ -572,7 +573,8 @@ PY
 import json, os, sys
 keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn/model_tokens", "rollout/multi_turn/turns_per_s",
         "rollout/multi_turn/turns_per_conversation", "rollout/multi_turn/engine_idle_frac", "rollout/multi_turn/engine_busy_frac",
-        "rollout/multi_turn/tool_latency_mean_s", "rollout/logprob_diff_max", "rollout/logprob_diff_mean")
+        "rollout/multi_turn/tool_latency_mean_s", "rollout/multi_turn/engine_prefix_cached_frac",
+        "rollout/logprob_diff_max", "rollout/logprob_diff_mean")
 rates = {}
 for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
     rows = [json.loads(l) for l in open(path) if l.strip()]
