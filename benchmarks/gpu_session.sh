@@ -578,6 +578,8 @@ keys = ("timing/generate_tokens_per_s", "timing/generate_s", "rollout/multi_turn
 rates = {}
 for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
     rows = [json.loads(l) for l in open(path) if l.strip()]
+    if not rows:
+        continue
     print(path.rsplit("/", 1)[-1], "| step | " + " | ".join(k.split("/", 1)[1] for k in keys))
     for r in rows:
         print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
@@ -587,7 +589,7 @@ for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
         sum(later) / max(len(later), 1), last.get("response_length/mean", 0), last.get("response_length/max", 0))
 multi = rates.pop("multi_turn", (None,))[0]
 for name, (rate, mean, top) in rates.items():
-    if multi:
+    if multi and rate:
         print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, {name} {rate:.0f} (responses: mean {mean:.0f}, "
               f"max {top:.0f} tokens), ratio {multi / rate:.3f}")
 PY

@@ -170,3 +170,32 @@ def test_agentic_doc_names_real_metrics_and_keys():
     keys |= {k.strip("` ") for row in re.findall(r"^\| (`[a-z_]+`(?:, `[a-z_]+`)+) \|", text, re.M)
              for k in row.split(",")}
     assert keys and keys <= fields, sorted(keys - fields)
+
+
+def test_prefix_cache_share_counts_the_continuation_turns_only():
+    """``engine_prefix_cached_frac``: the first turn's prompt (the dataset's, shared by the
+    sample's siblings) is not counted; each continuation's prompt tokens and cache hits are."""
+    from verl_mp.config.rollout import SamplingConfig
+    from verl_mp.reward.tool_parser import ToolCall
+    from verl_mp.reward.tool_pool import ToolPool
+    from verl_mp.rollout.multi_turn import Conversation, MultiTurnState, TurnOutput, merge_metrics
+
+    tok = build_tiny_tokenizer()
+    calls_abacus = lambda text: [ToolCall("abacus", {})]  # noqa: E731  (unknown: answered without a tool worker)
+    conv = Conversation(0, [5, 6, 7])
+    state = MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
+                           SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, calls_abacus,
+                           ToolPool(1, 1.0), [conv])  # never started: no call reaches a worker
+    first, _ = state.next_requests(engine_busy=False)
+    state.on_outputs([TurnOutput(first[0].request_id, [9, 10], None, True, prompt_tokens=3, cached_tokens=3)])
+    second, _ = state.next_requests(engine_busy=False)
+    assert second[0].prompt_ids == conv.prompt + conv.ids  # the conversation so far
+    state.on_outputs([TurnOutput(second[0].request_id, [11], None, True, prompt_tokens=len(second[0].prompt_ids),
+                                 cached_tokens=16)])
+    third, _ = state.next_requests(engine_busy=False)
+    state.on_outputs([TurnOutput(third[0].request_id, [12], None, False, prompt_tokens=len(third[0].prompt_ids),
+                                 cached_tokens=32)])
+    m = merge_metrics([state.metrics()])
+    want = (16 + 32) / (len(second[0].prompt_ids) + len(third[0].prompt_ids))
+    assert m["rollout/multi_turn/engine_prefix_cached_frac"] == pytest.approx(want)
+    assert m["rollout/multi_turn/turns"] == 3 and m["rollout/multi_turn/unknown_tools"] == 2

@@ -126,10 +126,14 @@ def test_verl_mp_plan_prints_the_choices_with_reasons(body, capsys):
     (["rollout.cudagraph_max_tokens=600"], 600),  # the run's own setting is kept
     (["data.train_batch_size=48", "actor.ppo_mini_batch_size=48", "rollout.backend=sglang"], 384),  # SGLang's own: 256
     (["data.train_batch_size=48", "actor.ppo_mini_batch_size=48", "rollout.backend=hf"], None),  # no CUDA graphs
+    (["rollout.enforce_eager=true"], None),  # eager: no graphs to size
+    (["actor.router_replay=rollout"], None),  # the hooks' routing capture runs vLLM eagerly
+    (["trainer.gpu_memory_gib=40"], 0),  # under 70 GiB vLLM decodes 256 sequences at once: its own 512 do
 ])
 def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, want):
     cfg = load_config("grpo", [f"model.path={body}", *JOB, *extra])
-    chosen, choices = choose(cfg, read_spec(body), MemoryPlanOptions(gpu_memory_gib=140.4))
+    gib = cfg.trainer.gpu_memory_gib or 140.4
+    chosen, choices = choose(cfg, read_spec(body), MemoryPlanOptions(gpu_memory_gib=gib))
     assert chosen.rollout.cudagraph_max_tokens == want
     picked = [c for c in choices if c.key == "rollout.cudagraph_max_tokens"]
     if "rollout.cudagraph_max_tokens=600" in extra or want is None:

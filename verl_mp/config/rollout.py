@@ -150,10 +150,13 @@ class RolloutConfig:
     ``max_cudagraph_capture_size``); a larger step runs without one, launch-bound for a small
     model. 0: vLLM's own (512 on H100/H200, below the 1024 sequences it decodes at once).
     None: chosen by the planner for the run's GPU (`verl_mp.planner.choose.cudagraph_tokens`:
-    the sequences one engine holds, up to 1024, plus 256 with multi-turn rollouts, whose steps
-    prefill the next turns beside the decoding ones), else vLLM's. Each 16 tokens above 512 is
-    one more batch size captured at start-up. SGLang: its decode graphs' largest batch
-    (``cuda_graph_max_bs_decode``; its own: 256 sequences below TP 4 on H100/H200)."""
+    the sequences one engine holds, up to 1024 (256 on GPUs under 70 GiB), plus 256 with
+    multi-turn rollouts, whose steps prefill the next turns beside the decoding ones), else
+    vLLM's. Each 16 tokens above 512 is one more batch size captured at start-up; vLLM rounds
+    a value down to a multiple of 16.
+    Not chosen with ``enforce_eager`` or the hooks' routing capture (both run without graphs).
+    SGLang: its decode graphs' largest batch (``cuda_graph_max_bs_decode``; its own: 256
+    sequences below TP 4 on H100/H200)."""
     load_format: str = "auto"
     """vLLM load format at start-up; ``dummy`` (random weights) is for benchmarks, where
     the real weights arrive through the first sync."""

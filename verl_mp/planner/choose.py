@@ -50,9 +50,10 @@ OWN_GRAPH_RANGE = {"vllm": lambda tp: VLLM_GRAPH_TOKENS, "sglang": lambda tp: 25
 """Each GPU backend's own largest CUDA-graph batch on H100/H200, by rollout TP size: vLLM's
 steps of 512 tokens, SGLang 0.5.17's decode batches of 256 sequences below TP 4, else 512
 (``server_args.py``, by GPU memory)."""
-VLLM_MAX_SEQS = 1024
-"""vLLM 0.26's default ``max_num_seqs`` for the offline engine on GPUs of 70 GiB or more: the
-most sequences one engine decodes at once."""
+VLLM_DECODE_SEQS = {True: 1024, False: 256}
+"""vLLM 0.26's default ``max_num_seqs`` for the offline engine, on GPUs of 70 GiB or more (True;
+A100s excepted) and on smaller ones: the most sequences one engine decodes at once. The
+planner's graph ranges stop there for SGLang too (its limit is its KV cache)."""
 MULTI_TURN_GRAPH_ROOM = 256
 """Tokens above the decoding sequences a multi-turn step's graph leaves for the next turns'
 prefill: each admitted turn prefills its tool response (``max_tool_response_tokens`` or
@@ -88,38 +89,43 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) ->
     """``cfg`` with the unset micro-batching (and, on a GPU, the rollout's CUDA-graph range)
     filled in, and what was chosen. ``options`` None: no GPU to plan for."""
     cfg, choices = _choose_budgets(cfg, spec, options)
-    if options is not None and cfg.rollout.backend in OWN_GRAPH_RANGE and cfg.rollout.cudagraph_max_tokens is None:
-        tokens, why = cudagraph_tokens(cfg)
-        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, cudagraph_max_tokens=tokens))
+    r = cfg.rollout
+    eager = r.enforce_eager or (cfg.actor.router_replay == "rollout" and r.routing_capture == "hooks")
+    if options is not None and r.backend in OWN_GRAPH_RANGE and r.cudagraph_max_tokens is None and not eager:
+        tokens, why = cudagraph_tokens(cfg, options.gpu_memory_gib)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, cudagraph_max_tokens=tokens))
         choices.append(Choice("rollout.cudagraph_max_tokens", tokens, why))
     return cfg, choices
 
 
-def cudagraph_tokens(cfg: RootConfig) -> tuple[int, str]:
+def cudagraph_tokens(cfg: RootConfig, gpu_memory_gib: float) -> tuple[int, str]:
     """The CUDA-graph range for the run's rollout engines (``rollout.cudagraph_max_tokens``)
-    and why: every sequence one engine decodes at once (a prompt batch's samples spread over
-    the engines, at most `VLLM_MAX_SEQS`), plus `MULTI_TURN_GRAPH_ROOM` for a multi-turn
-    rollout, rounded up to vLLM's stride of 16; 0 (vLLM's own) where that is no more than
-    `VLLM_GRAPH_TOKENS`."""
+    and why: every sequence one engine decodes at once (each engine takes every
+    ``engines``-th prompt with its ``n`` samples, at most `VLLM_DECODE_SEQS`), plus
+    `MULTI_TURN_GRAPH_ROOM` for a multi-turn rollout, rounded up to vLLM's stride of 16; 0
+    (the backend's own) where `OWN_GRAPH_RANGE` covers that."""
     placement = resolve_placement(cfg.trainer, enabled_roles(cfg))
     engines = max(1, placement.pool_size("rollout") // cfg.rollout.tensor_model_parallel_size)
-    seqs = -(-cfg.data.train_batch_size * cfg.rollout.sampling.n // engines)
+    seqs = -(-cfg.data.train_batch_size // engines) * cfg.rollout.sampling.n
     multi_turn = cfg.rollout.multi_turn.enable
+    most = VLLM_DECODE_SEQS[gpu_memory_gib >= 70]
     own = OWN_GRAPH_RANGE[cfg.rollout.backend](cfg.rollout.tensor_model_parallel_size)
     name = {"vllm": "vLLM", "sglang": "SGLang"}[cfg.rollout.backend]
-    tokens = graph_tokens(seqs, multi_turn, own)
-    held = f"{min(seqs, VLLM_MAX_SEQS)} sequences per engine ({seqs} samples over {engines} engine{'s' if engines > 1 else ''}, " \
-           f"at most {VLLM_MAX_SEQS} decoded at once)" + \
+    tokens = graph_tokens(seqs, multi_turn, own, most)
+    held = f"{min(seqs, most)} sequences per engine ({seqs} samples on the busiest of {engines} " \
+           f"engine{'s' if engines > 1 else ''}, " + \
+           (f"at most {most} decoded at once)" if cfg.rollout.backend == "vllm" else f"capped at {most})") + \
            (f" + {MULTI_TURN_GRAPH_ROOM} tokens for the next turns' prefill" if multi_turn else "")
     if not tokens:
         return 0, f"{name}'s own CUDA-graph sizes cover every step: {held}"
     return tokens, f"CUDA graphs up to {tokens}-token steps, {name}'s own stop at {own}: {held}"
 
 
-def graph_tokens(seqs_per_engine: int, multi_turn: bool, own: int = VLLM_GRAPH_TOKENS) -> int:
+def graph_tokens(seqs_per_engine: int, multi_turn: bool, own: int = VLLM_GRAPH_TOKENS,
+                 most: int = VLLM_DECODE_SEQS[True]) -> int:
     """`cudagraph_tokens`' arithmetic: 0 where the backend's ``own`` range suffices."""
     room = MULTI_TURN_GRAPH_ROOM if multi_turn else 0
-    tokens = -(-(min(seqs_per_engine, VLLM_MAX_SEQS) + room) // 16) * 16
+    tokens = -(-(min(seqs_per_engine, most) + room) // 16) * 16
     return tokens if tokens > own else 0
 
 
