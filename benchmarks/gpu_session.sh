@@ -499,24 +499,24 @@ for row in (json.loads(line) for line in open(sys.argv[1]) if line.strip()):
 PY
 }
 
-run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
-  # AGENT_REPEATS (3) repeats per case of the engine benchmark, AGENT_ADMIT (1,4,16) its admit_every_steps values;
-  # AGENT_SINGLE=0 skips the single-turn GRPO run,
-  # AGENT_GRPO=0 both GRPO runs
-  # AGENT_GRAPHS0=0 skips the first case: the multi-turn rollout with vLLM's own CUDA-graph range (512 tokens; a step
-  # of 512 decodes plus the next turns' prefill runs without a graph), before the planner's (rollout.cudagraph_max_tokens)
-  setup_python
-  if [ "${AGENT_SPEED:-1}" = 1 ]; then  # AGENT_SPEED=0: the GRPO pair alone
-  if [ "${AGENT_GRAPHS0:-1}" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-      benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every 1 \
-      --cudagraph-max-tokens 0 --multi-only --out "$OUT/multi_turn_speed_vllm_graphs.json" > "$OUT/multi_turn_speed_vllm_graphs.log" 2>&1
-    echo "multi_turn_speed (vLLM's graph range) rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed_vllm_graphs.log" | tail -1 | cut -c1-1200
-  fi
+agent_speed() {  # NAME ARGS...: benchmarks/multi_turn_speed.py on the 0.5B body into $OUT/NAME.{json,log}
+  local name=$1; shift
   CUDA_VISIBLE_DEVICES=0 timeout ${AGENT_SPEED_S:-240} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} --admit-every ${AGENT_ADMIT:-1,4,16} \
-    --out "$OUT/multi_turn_speed.json" > "$OUT/multi_turn_speed.log" 2>&1
-  echo "multi_turn_speed rc=$?"; grep -E '^[{]' "$OUT/multi_turn_speed.log" | tail -1 | cut -c1-2400
+    benchmarks/multi_turn_speed.py --model /tmp/agent_model --size 0.5b --repeats ${AGENT_REPEATS:-3} "$@" \
+    --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$?"; grep -E '^[{]' "$OUT/$name.log" | tail -1 | cut -c1-2400
+}
+
+run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
+  # AGENT_SPEED=0 skips the engine benchmark (agent_speed): AGENT_REPEATS (3) repeats per case, AGENT_ADMIT (1,4,16)
+  # its admit_every_steps values; AGENT_GRAPHS0=0 skips its first case: the multi-turn rollout with vLLM's own
+  # CUDA-graph range (512 tokens; a step of 512 decodes plus the next turns' prefill runs without a graph), before
+  # the planner's (rollout.cudagraph_max_tokens). AGENT_GRPO=0 skips the GRPO runs, AGENT_SINGLE (below) picks
+  # the single-turn ones.
+  setup_python
+  if [ "${AGENT_SPEED:-1}" = 1 ]; then
+    [ "${AGENT_GRAPHS0:-1}" = 1 ] && agent_speed multi_turn_speed_vllm_graphs --admit-every 1 --cudagraph-max-tokens 0 --multi-only
+    agent_speed multi_turn_speed --admit-every ${AGENT_ADMIT:-1,4,16}
   python3 - "$OUT/multi_turn_speed_vllm_graphs.json" "$OUT/multi_turn_speed.json" <<'PY'
 import json, os, sys
 print("case | graphs to | start s | admit | multi-turn tok/s | engine steps | prefix cached | single (mean budget) | single matched | ratio matched")

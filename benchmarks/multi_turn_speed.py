@@ -166,27 +166,27 @@ def main() -> None:
         "multi_turn_by_admit_every": by_admit,
     }
     if not a.multi_only:
-        result.update(single_turn_cases(rollout, batch, multi, a))
+        per_sample = statistics.median(tokens) / (a.prompts * a.samples)
+        mt_rate = result["multi_turn"]["tokens_per_s"]
+        result.update(single_turn_cases(rollout, batch, multi[-1][1], per_sample, mt_rate, a))
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)
     rollout.close()
     os._exit(0)  # vLLM's in-process engine has no clean shutdown
 
 
-def single_turn_cases(rollout, batch, multi, a) -> dict:
-    """The single-turn baselines on the same engine: at the multi-turn run's mean budget and
-    matched sample by sample; their rates and the multi-turn case's ratio to each."""
+def single_turn_cases(rollout, batch, multi_out, per_sample: float, mt_rate: float, a) -> dict:
+    """The single-turn baselines on the same engine: at the multi-turn run's mean budget
+    (``per_sample`` model tokens) and matched sample by sample to ``multi_out`` (its last run);
+    their rates and the ratio of the multi-turn case's rate ``mt_rate`` to each."""
     from verl_mp.config.rollout import SamplingConfig
 
-    tokens = [out.num_generated_tokens for _, out in multi]
-    per_sample = statistics.median(tokens) / (a.prompts * a.samples)
     turns = rollout.turns
     rollout.turns = None  # the same engine, single-turn: one response per sample of as many tokens
     single_sampling = SamplingConfig(n=a.samples, max_new_tokens=max(1, math.ceil(per_sample)), logprobs=False, seed=7)
     single = timed(lambda: rollout.generate(batch, single_sampling), a.repeats)
-    matched = timed(lambda: matched_single_turn(rollout, batch, multi[-1][1], a.samples), a.repeats)
+    matched = timed(lambda: matched_single_turn(rollout, batch, multi_out, a.samples), a.repeats)
     rollout.turns = turns
-    mt_rate = statistics.median(out.num_generated_tokens / s for s, out in multi)
     single_rate = statistics.median(out.num_tokens / s for s, out in single)
     matched_rate = statistics.median(n / s for s, n in matched)
     return {
@@ -194,7 +194,7 @@ def single_turn_cases(rollout, batch, multi, a) -> dict:
                         "tokens": [out.num_tokens for _, out in single],
                         "seconds": [round(s, 3) for s, _ in single], "tokens_per_s": single_rate},
         "single_turn_matched": {"tokens": [n for _, n in matched], "seconds": [round(s, 3) for s, _ in matched],
-                                "engine_steps_at_least": max(sum(m) for m in multi[-1][1].response_masks),
+                                "engine_steps_at_least": max(sum(m) for m in multi_out.response_masks),
                                 "tokens_per_s": matched_rate},
         "ratio": mt_rate / single_rate, "ratio_matched": mt_rate / matched_rate,
     }

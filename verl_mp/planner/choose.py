@@ -129,7 +129,8 @@ def graph_tokens(seqs_per_engine: int, multi_turn: bool, own: int = VLLM_GRAPH_T
     return tokens if tokens > own else 0
 
 
-def _choose_budgets(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
+def _choose_budgets(cfg: RootConfig, spec: GPTSpec,
+                    options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
     roles = auto_roles(cfg)
     if not roles:
         return cfg, []
