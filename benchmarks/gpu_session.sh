@@ -516,7 +516,7 @@ run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs singl
   setup_python
   if [ "${AGENT_SPEED:-1}" = 1 ]; then
     [ "${AGENT_GRAPHS0:-1}" = 1 ] && agent_speed multi_turn_speed_vllm_graphs --admit-every 1 --cudagraph-max-tokens 0 --multi-only
-    agent_speed multi_turn_speed --admit-every ${AGENT_ADMIT:-1,4,16}
+    agent_speed multi_turn_speed --admit-every ${AGENT_ADMIT:-1,4,16} ${AGENT_SPEED_ARGS:-}
   python3 - "$OUT/multi_turn_speed_vllm_graphs.json" "$OUT/multi_turn_speed.json" <<'PY'
 import json, os, sys
 print("case | graphs to | start s | admit | multi-turn tok/s | engine steps | prefix cached | single (mean budget) | single matched | ratio matched")
@@ -540,7 +540,7 @@ PY
   env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" rollout.sampling.max_new_tokens=256 \
     rollout.multi_turn.enable=true rollout.multi_turn.max_turns=4 rollout.multi_turn.max_total_tokens=1152 \
     "rollout.multi_turn.tools=[calculator]" rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls \
-    "rollout.sampling.stop_token_ids=[5,6,7]" > "$OUT/grpo_multi_turn.log" 2>&1
+    "rollout.sampling.stop_token_ids=[5,6,7]" ${AGENT_MT_ARGS:-} > "$OUT/grpo_multi_turn.log" 2>&1
   echo "grpo multi-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_multi_turn.log" | tail -3 | cut -c1-400
   local mean
   mean=$(python3 - "$OUT/grpo_multi_turn/metrics.jsonl" <<'PY'

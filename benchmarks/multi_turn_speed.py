@@ -32,6 +32,7 @@ import math
 import os
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from verl_mp.reward.tool_parser import ToolCall
@@ -110,6 +111,8 @@ def main() -> None:
     p.add_argument("--cudagraph-max-tokens", type=int, default=None,
                    help="rollout.cudagraph_max_tokens (default: the planner's choice; 0: vLLM's own)")
     p.add_argument("--multi-only", action="store_true", help="only the multi-turn case (no single-turn baselines)")
+    p.add_argument("--logprobs-too", action="store_true",
+                   help="also each admit case with rollout log-probs on (the sampler's, as the training loop runs)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -148,6 +151,13 @@ def main() -> None:
                        "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
         if k == admit[0]:
             multi = runs
+    for k in admit if a.logprobs_too else ():
+        rollout.turns.cfg.multi_turn.admit_every_steps = k
+        runs = timed(lambda: rollout.generate(batch, replace(sampling, logprobs=True)), a.repeats)
+        by_admit[f"{k}+logprobs"] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
+                                     "seconds": [round(s, 3) for s, _ in runs],
+                                     "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
+                                     "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
     rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
     tokens = [out.num_generated_tokens for _, out in multi]
     last = multi[-1][1].metrics
