@@ -75,6 +75,8 @@
 #                  First (AGENT_GRAPHS0=0 skips it) the multi-turn case alone with vLLM's own CUDA-graph range (512
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
+#                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
+#                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=16).
 #   sglang W     : issue 38, NOT YET RUN; carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
 #                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
