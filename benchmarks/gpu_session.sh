@@ -595,6 +595,14 @@ for name, (rate, mean, top) in rates.items():
         print(f"generation tokens/s, steps 2+: multi-turn {multi:.0f}, {name} {rate:.0f} (responses: mean {mean:.0f}, "
               f"max {top:.0f} tokens), ratio {multi / rate:.3f}")
 PY
+  # at most 8 files come back from $OUT: the runs' folders (configs, trainer.profile's tables and phases; not its
+  # timelines or checkpoints) and the logs go into one archive
+  for phases in "$OUT"/grpo_*/profile/step_*/*_phases.json; do
+    [ -e "$phases" ] && echo "$phases" && python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['phases']))" "$phases"
+  done
+  (cd "$OUT" && tar -czf agent_runs.tgz --exclude='*.trace.json.gz' --exclude=checkpoints --exclude='*.pt' \
+    $(ls -d grpo_multi_turn grpo_single_turn grpo_single_turn_stop ./*.log 2>/dev/null) \
+    && rm -rf grpo_multi_turn grpo_single_turn grpo_single_turn_stop ./*.log)
 }
 
 setup_sglang() {  # issue 38: megatron from .whl, then the SGLang kit (carried, or installed by an earlier call)

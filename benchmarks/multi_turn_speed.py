@@ -18,7 +18,12 @@ case turns/s, the engine's idle fraction and its steps; ``--admit-every 1,4,16``
 multi-turn case at each `MultiTurnConfig.admit_every_steps`. ``--cudagraph-max-tokens`` is
 ``rollout.cudagraph_max_tokens`` (default: the planner's choice for this workload,
 `verl_mp.planner.choose.graph_tokens`; 0: vLLM's own 512); the result records the range vLLM
-took and the engine's start-up seconds. ``--multi-only`` times the multi-turn case alone.
+took and the engine's start-up seconds. ``--multi-only`` times the multi-turn case alone;
+``--logprobs-too`` each admit case again with the sampler's log-probs (as the GRPO loop runs);
+``--tool-response-tokens`` and ``--max-total-tokens`` set the GRPO loop's 64 and 1152 (the
+defaults, 16 and 64 + turns x (turn tokens + 40), are this benchmark's earlier workload);
+``--profile`` runs the first and last admit case once more under torch.profiler (wall seconds
+against the GPU's busy time, kernels by kind).
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
         --model DIR [--size 0.5b] --out OUT.json
@@ -94,6 +99,30 @@ def timed(fn, repeats: int) -> list[tuple[float, object]]:
     return runs
 
 
+def profiled(rollout, batch, sampling, admit_every: int) -> dict:
+    """One multi-turn run under torch.profiler: its wall seconds, the GPU's busy milliseconds by
+    kernel kind and the top kernels (is a step's time the GPU's or the host's?)."""
+    import torch
+
+    rollout.turns.cfg.multi_turn.admit_every_steps = admit_every
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                  + ([torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    with prof:
+        start = time.perf_counter()
+        out = rollout.generate(batch, sampling)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    from verl_mp.utils.profiling import summarize
+
+    summary = summarize(prof.key_averages())
+    sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return {"wall_s": round(wall, 3), "model_tokens": out.num_generated_tokens,
+            "engine_steps": out.metrics["rollout/multi_turn/engine_steps"],
+            "device_busy_ms": round(summary["device_ms_total"], 1), "device_ms_by_kind": summary["device_ms_by_kind"],
+            "top": prof.key_averages().table(sort_by=sort, row_limit=25)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True, help="model directory (made here if it has no config.json)")
@@ -104,6 +133,11 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=4, help="rollout.multi_turn.max_turns")
     p.add_argument("--turn-tokens", type=int, default=256, help="rollout.sampling.max_new_tokens (per turn)")
     p.add_argument("--stop", default="5,6,7", help="stop token ids (comma-separated) that end a turn")
+    p.add_argument("--tool-response-tokens", type=int, default=16,
+                   help="rollout.multi_turn.max_tool_response_tokens (the GRPO loop's default: 64)")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="rollout.multi_turn.max_total_tokens and max_model_len (default: 64 + turns x "
+                   "(turn tokens + 40); gpu_session's GRPO loop: 1152)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--admit-every", default="1", help="rollout.multi_turn.admit_every_steps values (comma-separated): "
@@ -113,6 +147,9 @@ def main() -> None:
     p.add_argument("--multi-only", action="store_true", help="only the multi-turn case (no single-turn baselines)")
     p.add_argument("--logprobs-too", action="store_true",
                    help="also each admit case with rollout log-probs on (the sampler's, as the training loop runs)")
+    p.add_argument("--profile", action="store_true",
+                   help="one more multi-turn run at the first and the last admit value under torch.profiler: wall "
+                   "seconds against the GPU's busy time and its kernels by kind (in the result's 'profile')")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -122,12 +159,12 @@ def main() -> None:
     from verl_mp.rollout.vllm_rollout import VLLMRollout
 
     stop = [int(t) for t in a.stop.split(",") if t]
-    total = 64 + a.turns * (a.turn_tokens + 40)
+    total = a.max_total_tokens or 64 + a.turns * (a.turn_tokens + 40)
     make_model(a.model, a.size, max(total, 512), a.dtype)
     init_distributed()
-    mt = MultiTurnConfig(enable=True, max_turns=a.turns, max_total_tokens=total, max_tool_response_tokens=16,
-                         tools=["calculator"], tool_parser="benchmarks.multi_turn_speed:always_calls",
-                         tool_num_workers=4)
+    mt = MultiTurnConfig(enable=True, max_turns=a.turns, max_total_tokens=total,
+                         max_tool_response_tokens=a.tool_response_tokens, tools=["calculator"],
+                         tool_parser="benchmarks.multi_turn_speed:always_calls", tool_num_workers=4)
     graphs = a.cudagraph_max_tokens if a.cudagraph_max_tokens is not None else graph_tokens(a.prompts * a.samples, True)
     cfg = RolloutConfig(dtype=a.dtype, max_model_len=total, sleep_level=1, multi_turn=mt,
                         gpu_memory_utilization=a.gpu_memory_utilization, cudagraph_max_tokens=graphs)
@@ -158,16 +195,20 @@ def main() -> None:
                                      "seconds": [round(s, 3) for s, _ in runs],
                                      "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
                                      "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
+    profiles = {k: profiled(rollout, batch, sampling, k) for k in dict.fromkeys((admit[0], admit[-1]))} \
+        if a.profile else {}
     rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
     tokens = [out.num_generated_tokens for _, out in multi]
     last = multi[-1][1].metrics
     result = {
         "size": a.size, "dtype": a.dtype, "prompts": a.prompts, "n": a.samples, "turns": a.turns,
-        "turn_tokens": a.turn_tokens, "stop": stop, "engine": engine,
+        "turn_tokens": a.turn_tokens, "tool_response_tokens": a.tool_response_tokens, "max_total_tokens": total,
+        "stop": stop, "engine": engine,
         "multi_turn": {"model_tokens": tokens, "seconds": [round(s, 3) for s, _ in multi],
                        "tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in multi),
                        "turns_per_s": last["rollout/multi_turn/turns_per_s"],
                        "turns_per_conversation": last["rollout/multi_turn/turns_per_conversation"],
+                       "truncated": last["rollout/multi_turn/truncated"],
                        "engine_idle_frac": last["rollout/multi_turn/engine_idle_frac"],
                        "engine_busy_frac": last["rollout/multi_turn/engine_busy_frac"],
                        "engine_steps": last["rollout/multi_turn/engine_steps"],
@@ -175,6 +216,8 @@ def main() -> None:
                        "tool_latency_mean_s": last["rollout/multi_turn/tool_latency_mean_s"]},
         "multi_turn_by_admit_every": by_admit,
     }
+    if profiles:
+        result["profile"] = profiles
     if not a.multi_only:
         per_sample = statistics.median(tokens) / (a.prompts * a.samples)
         mt_rate = result["multi_turn"]["tokens_per_s"]
