@@ -128,6 +128,7 @@ def test_verl_mp_plan_prints_the_choices_with_reasons(body, capsys):
     (["data.train_batch_size=48", "actor.ppo_mini_batch_size=48", "rollout.backend=hf"], None),  # no CUDA graphs
     (["rollout.enforce_eager=true"], None),  # eager: no graphs to size
     (["actor.router_replay=rollout"], None),  # the hooks' routing capture runs vLLM eagerly
+    (["actor.router_replay=rollout", "rollout.routing_capture=vllm"], 1024),  # vLLM's own capture keeps graphs
     (["trainer.gpu_memory_gib=40"], 0),  # under 70 GiB vLLM decodes 256 sequences at once: its own 512 do
 ])
 def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, want):
@@ -142,3 +143,21 @@ def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, 
         assert [c.value for c in picked] == [want] and "sequences per engine" in picked[0].reason
     assert build_plan(chosen).rollout.cudagraph_max_tokens == want  # what the rollout engines are told
     assert cfg.rollout.cudagraph_max_tokens == (600 if "rollout.cudagraph_max_tokens=600" in extra else None)
+
+
+@pytest.mark.parametrize("enforce_eager, record_routing, capture, cuda, backend, eager", [
+    (None, False, "hooks", True, "vllm", False),  # compiled on a GPU
+    (None, False, "hooks", False, "vllm", True),  # eager on CPU
+    (False, False, "hooks", False, "vllm", False),  # the run's own setting
+    (True, False, "hooks", True, "vllm", True),
+    (None, True, "hooks", True, "vllm", True),  # the hooks record each position outside graphs
+    (False, True, "hooks", True, "vllm", True),  # ... whatever enforce_eager says
+    (None, True, "vllm", True, "vllm", False),  # vLLM's own capture runs with graphs
+    (None, True, "hooks", True, "sglang", False),  # no hooks outside vLLM
+])
+def test_runs_eager_is_the_one_rule_for_the_engine_and_the_planner(enforce_eager, record_routing, capture, cuda,
+                                                                     backend, eager):
+    from verl_mp.config.rollout import RolloutConfig
+
+    cfg = RolloutConfig(enforce_eager=enforce_eager, routing_capture=capture, backend=backend)
+    assert cfg.runs_eager(record_routing, cuda=cuda) is eager

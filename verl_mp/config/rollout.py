@@ -253,6 +253,15 @@ class RolloutConfig:
                              "or 2 (drop them; the weight sync rewrites them), or null (2 for a dense model, "
                              "1 for a mixture of experts)")
 
+    def runs_eager(self, record_routing: bool, cuda: bool = True) -> bool:
+        """The engine runs without CUDA graphs or compilation: ``enforce_eager`` (None: only on
+        CPU), or a vLLM engine that records the routed experts with the project's hooks
+        (``record_routing``, i.e. ``actor.router_replay=rollout``, with ``routing_capture=hooks``:
+        every position runs by its own request, outside graphs; `verl_mp.rollout.routing_capture`).
+        The vLLM rollout starts its engine by this, and the planner chooses no graph range then."""
+        hooks = record_routing and self.backend == "vllm" and self.routing_capture == "hooks"
+        return (self.enforce_eager if self.enforce_eager is not None else not cuda) or hooks
+
 
 def validate_rollout_layout(cfg: RolloutConfig, world_size: int, num_kv_heads: int) -> int:
     """Check rollout TP against the world and the model; return the rollout DP size."""

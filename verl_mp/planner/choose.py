@@ -90,7 +90,7 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) ->
     filled in, and what was chosen. ``options`` None: no GPU to plan for."""
     cfg, choices = _choose_budgets(cfg, spec, options)
     r = cfg.rollout
-    eager = r.enforce_eager or (cfg.actor.router_replay == "rollout" and r.routing_capture == "hooks")
+    eager = r.runs_eager(record_routing=cfg.actor.router_replay == "rollout")
     if options is not None and r.backend in OWN_GRAPH_RANGE and r.cudagraph_max_tokens is None and not eager:
         tokens, why = cudagraph_tokens(cfg, options.gpu_memory_gib)
         cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, cudagraph_max_tokens=tokens))

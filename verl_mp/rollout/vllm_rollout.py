@@ -81,7 +81,7 @@ class VLLMRollout:
             tensor_parallel_size=self.tp_size,
             dtype=VLLM_DTYPES[cfg.dtype],
             max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.enforce_eager if cfg.enforce_eager is not None else not torch.cuda.is_available(),
+            enforce_eager=cfg.runs_eager(record_routing, cuda=torch.cuda.is_available()),
             seed=0,
             logprobs_mode="processed_logprobs",
             load_format=cfg.load_format,
@@ -109,8 +109,8 @@ class VLLMRollout:
                 raise ValueError("routing capture needs a mixture-of-experts model")
             if self.vllm_capture:
                 kwargs.update(enable_return_routed_experts=True)
-            else:  # every position run by its own request, outside CUDA graphs (routing_capture.py)
-                kwargs.update(enable_prefix_caching=False, enforce_eager=True)
+            else:  # every position run by its own request (routing_capture.py; eager: cfg.runs_eager)
+                kwargs.update(enable_prefix_caching=False)
         self.llm = LLM(**kwargs)
         if torch.cuda.is_available() and self.rank == 0:
             graphs = self.llm.llm_engine.vllm_config.compilation_config
