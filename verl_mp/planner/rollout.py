@@ -46,6 +46,11 @@ workspace of issue 21's run (Qwen2-1.5B body, tiny vocabulary, u=0.4 of 140.4 Gi
 of KV cache) comes out at the measured ~1.5 GiB."""
 VLLM_MAX_BATCHED_TOKENS = 8192
 VLLM_MAX_SEQS = 256
+"""The prefill chunk and the sampler batch in `vllm_workspace_bytes`' estimate. Not vLLM 0.26's
+defaults on GPUs of 70 GiB or more (16384 tokens, 1024 sequences: `verl_mp.planner.choose`'s
+`VLLM_DECODE_SEQS`): with these values the estimate met the measured workspace of issue 21's
+run and the planner's H200 calibration (`tests/unit/test_planner_calibration.py`); vLLM's
+profile run does not hold its whole chunk's activations at once. Re-fit, not raise, them."""
 
 
 @dataclass(frozen=True, kw_only=True)
