@@ -49,8 +49,9 @@ VLLM_MAX_SEQS = 256
 """The prefill chunk and the sampler batch in `vllm_workspace_bytes`' estimate. Not vLLM 0.26's
 defaults on GPUs of 70 GiB or more (16384 tokens, 1024 sequences: `verl_mp.planner.choose`'s
 `VLLM_DECODE_SEQS`): with these values the estimate met the measured workspace of issue 21's
-run and the planner's H200 calibration (`tests/unit/test_planner_calibration.py`); vLLM's
-profile run does not hold its whole chunk's activations at once. Re-fit, not raise, them."""
+run and the planner's H200 calibration (`tests/unit/test_planner_calibration.py`), where vLLM's
+own values would over-count by ~0.5 GiB (why vLLM's profile peaks lower was not examined).
+Re-fit them against a measurement; do not just raise them to vLLM's values."""
 
 
 @dataclass(frozen=True, kw_only=True)
