@@ -26,6 +26,9 @@
 #                  (DSV3_VERIFY_TPS= and DSV3_LOADER=0 skip them), GRPO with routing replay (DSV3_GRPO=0 skips it),
 #                  and with DSV3_BASELINE=1 the Qwen3-MoE body's GRPO with the same replay on the same card (the bar).
 #                  Next: DSV3_VERIFY_TPS= DSV3_LOADER=0 STEPS=3 DSV3_GRPO_S=240 DSV3_BASELINE=1 (~8-9 min).
+#   reference    : right after `dsv3` (its bodies), carry .whl (+ .gpu-moe): benchmarks/logprob_reference.py, vLLM's and the
+#                  engine's bf16 log-probs and HF's bf16 against HF fp32 on the same samples (whose rounding is the gap),
+#                  for the DeepSeek-V3, Qwen3-MoE and dense 1.5B bodies (REF_VOCAB=full: the 151,936 vocabulary); ~5 min.
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
 #                  engine's train step (train_mfu.py --profile): phase times and GPU kernel time by kind.
 #   breakdown    : after `stash`, carry .gpu-vllm/part2 + .whl (issue 14 item 4): GRPO on the 1.5B body at 256 x 8 x
@@ -322,6 +325,35 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
   echo "qwen3-moe grpo rc=$?"; grep -E "run failed|Error|error:" "$OUT/moe_grpo.log" | tail -3 | cut -c1-400
   cp "$OUT/moe_grpo/metrics.jsonl" "$OUT/moe_grpo_metrics.jsonl" 2>/dev/null
   python3 benchmarks/grpo_table.py "$OUT/moe_grpo_metrics.jsonl" 2>/dev/null
+}
+
+run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap is (benchmarks/logprob_reference.py):
+  # vLLM's sampled log-probs, the engine's and HF transformers' in bf16 against HF in fp32, on the same samples, for
+  # the bodies on this machine: the DeepSeek-V3 and Qwen3-MoE ones a `dsv3` call left (/tmp/dsv3_work, /tmp/moe_work)
+  # and the dense 1.5B body of the peers' job (built here: the tiny tokenizer, REF_VOCAB=full: 151,936 entries).
+  # After `stash` (+ .gpu-moe for the MoE bodies), carry .gpu-vllm/part2 + .whl on a fresh machine; ~1-2 min a body.
+  setup_python
+  ( install_moe_lib ) || echo "no vLLM MoE library here: the MoE bodies will fail"
+  local dense=/tmp/ref_dense
+  for model in ${REF_MODELS:-/tmp/dsv3_work/model /tmp/moe_work/model $dense}; do
+    if [ "$model" = $dense ] && [ ! -e $dense/config.json ]; then
+      python3 -c "
+import sys, torch
+from verl_mp.demo.tiny_models import save_tiny_qwen2
+kw = dict(vocab_size=151936) if sys.argv[1] == 'full' else {}
+save_tiny_qwen2('$dense', num_kv_heads=2, max_position_embeddings=2048, dtype=torch.bfloat16, hidden_size=1536,
+                num_layers=28, num_heads=12, intermediate_size=8960, **kw)" "${REF_VOCAB:-tiny}" > "$OUT/ref_build.log" 2>&1 \
+        || { tail -5 "$OUT/ref_build.log"; continue; }
+    fi
+    [ -e "$model/config.json" ] || { echo "$model: not on this machine, skipped"; continue; }
+    local name; name=$(basename "$(dirname "$model")")_$(basename "$model")
+    local mla=()  # the kit has no FlashMLA (as in run_dsv3)
+    grep -q kv_lora_rank "$model/config.json" && mla=(VLLM_ATTENTION_BACKEND="${MLA_BACKEND:-TRITON_MLA}")
+    env CUDA_VISIBLE_DEVICES=0 "${mla[@]}" timeout ${REF_S:-200} python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/logprob_reference.py \
+      --model "$model" --prompts ${REF_PROMPTS:-32} --samples ${REF_SAMPLES:-4} --max-new ${REF_MAX_NEW:-128} \
+      --out "$OUT/reference_$name.json" > "$OUT/reference_$name.log" 2>&1
+    echo "== $name rc=$?"; grep -A6 '^pair' "$OUT/reference_$name.log"; grep -E 'Error' "$OUT/reference_$name.log" | tail -2 | cut -c1-400
+  done
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO
@@ -672,6 +704,7 @@ case "$phase" in
   offpolicy) run_offpolicy ;;
   moe) run_moe ;;
   dsv3) run_dsv3 ;;
+  reference) run_reference ;;
   profile) run_profile ;;
   mfu) run_mfu ;;
   breakdown) run_breakdown ;;
