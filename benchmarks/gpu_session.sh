@@ -90,7 +90,7 @@
 #                  docs/rollout.md ("SGLang on the GPU machine").
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|sglang tests|grpo|vllm|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|demo}
+phase=${1:?usage: gpu_session.sh stash|sglang tests|grpo|vllm|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|dsv3|reference|profile|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -334,7 +334,7 @@ run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap
   # After `stash` (+ .gpu-moe for the MoE bodies), carry .gpu-vllm/part2 + .whl on a fresh machine; ~1-2 min a body.
   setup_python
   ( install_moe_lib ) || echo "no vLLM MoE library here: the MoE bodies will fail"
-  local dense=/tmp/ref_dense
+  local dense=/tmp/ref_dense_${REF_VOCAB:-tiny}
   for model in ${REF_MODELS:-/tmp/dsv3_work/model /tmp/moe_work/model $dense}; do
     if [ "$model" = $dense ] && [ ! -e $dense/config.json ]; then
       python3 -c "
@@ -347,13 +347,18 @@ save_tiny_qwen2('$dense', num_kv_heads=2, max_position_embeddings=2048, dtype=to
     fi
     [ -e "$model/config.json" ] || { echo "$model: not on this machine, skipped"; continue; }
     local name; name=$(basename "$(dirname "$model")")_$(basename "$model")
-    local mla=()  # the kit has no FlashMLA (as in run_dsv3)
-    grep -q kv_lora_rank "$model/config.json" && mla=(VLLM_ATTENTION_BACKEND="${MLA_BACKEND:-TRITON_MLA}")
-    env CUDA_VISIBLE_DEVICES=0 "${mla[@]}" timeout ${REF_S:-200} python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/logprob_reference.py \
-      --model "$model" --prompts ${REF_PROMPTS:-32} --samples ${REF_SAMPLES:-4} --max-new ${REF_MAX_NEW:-128} \
-      --out "$OUT/reference_$name.json" > "$OUT/reference_$name.log" 2>&1
-    echo "== $name rc=$?"; grep -A6 '^pair' "$OUT/reference_$name.log"; grep -E 'Error' "$OUT/reference_$name.log" | tail -2 | cut -c1-400
+    local mla=(CUDA_VISIBLE_DEVICES=0) eager=()  # the kit has no FlashMLA (as in run_dsv3)
+    grep -q kv_lora_rank "$model/config.json" && mla+=(VLLM_ATTENTION_BACKEND="${MLA_BACKEND:-TRITON_MLA}")
+    # a mixture of experts: vLLM eager, as the GRPO runs ran it (routing replay's hooks capture)
+    grep -qE '"(num_experts|n_routed_experts)"' "$model/config.json" && eager=(--eager)
+    env "${mla[@]}" timeout ${REF_S:-150} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+      benchmarks/logprob_reference.py --model "$model" --prompts ${REF_PROMPTS:-32} --samples ${REF_SAMPLES:-4} \
+      --max-new ${REF_MAX_NEW:-128} "${eager[@]}" --out "$OUT/reference_$name.json" > "$OUT/reference_$name.log" 2>&1
+    echo "== $name rc=$?"; grep -A6 '^pair' "$OUT/reference_$name.log"
+    grep -E 'Error' "$OUT/reference_$name.log" | grep -v ChildFailed | tail -2 | cut -c1-400
   done
+  # at most 8 files come back: the logs in one archive, the JSON results beside it
+  (cd "$OUT" && tar -czf reference_logs.tgz ./*.log && rm -f ./*.log)
 }
 
 run_profile() {  # where GPU steps go (issues 14, 15): trainer.profile on step 2 of a dense and a MoE GRPO

