@@ -590,13 +590,14 @@ print(round(sum(r["rollout/multi_turn/model_tokens"] / r["rollout/multi_turn/con
 PY
 )
   echo "multi-turn mean model tokens per sample: $mean"
-  # AGENT_SINGLE: budget (1, the default): single-turn responses of exactly the mean (no length spread); stop: responses
+  # AGENT_SINGLE: budget (1, the default): single-turn responses of exactly the mean (ignore_eos: as many tokens as the
+  # multi-turn run, issue 37's comparison; before 2026-12-06 evening EOS ended ~1/3 of them early); stop: responses
   # that end at stop token AGENT_SINGLE_STOP (5) within 1024 tokens, a spread like the conversations' (their mean is
   # not matched: the rates are compared); both; 0: none
   local single=${AGENT_SINGLE:-1}
   if [ "$single" = 1 ] || [ "$single" = budget ] || [ "$single" = both ]; then
     env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/grpo_single_turn" \
-      rollout.sampling.max_new_tokens="$mean" > "$OUT/grpo_single_turn.log" 2>&1
+      rollout.sampling.max_new_tokens="$mean" rollout.sampling.ignore_eos=true > "$OUT/grpo_single_turn.log" 2>&1
     echo "grpo single-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_single_turn.log" | tail -3 | cut -c1-400
   fi
   if [ "$single" = stop ] || [ "$single" = both ]; then
