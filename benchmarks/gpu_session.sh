@@ -569,6 +569,11 @@ for path in [p for p in sys.argv[1:] if os.path.exists(p)]:
               f"{r['single_turn_matched']['tokens_per_s']:.0f}" if "single_turn_matched" in r else "-",
               f"{m['tokens_per_s'] / r['single_turn_matched']['tokens_per_s']:.3f}" if "single_turn_matched" in r else "-",
               sep=" | ")
+    for k, prof in r.get("profile", {}).items():  # --profile: the GPU's busy time against the case's own seconds
+        plain = r["multi_turn_by_admit_every"][k]["seconds"]
+        print(f"profile admit {k}: GPU busy {prof['device_busy_ms'] / 1e3:.2f} s of {prof['wall_s']:.2f} s profiled "
+              f"({sorted(plain)[len(plain) // 2]:.2f} s unprofiled), {prof['engine_steps']:.0f} steps; by kind:",
+              {kind: round(ms) for kind, ms in list(prof["device_ms_by_kind"].items())[:6]})
 PY
   fi
   [ "${AGENT_GRPO:-1}" = 1 ] || return 0  # AGENT_GRPO=0: the engine benchmark only
