@@ -11,7 +11,8 @@
 # latent, 32 routed experts of 512 + 1 shared, top-4 of 4 groups, sigmoid routing with the expert bias);
 # SIZE=dsv3_tiny: the same kinds at a CPU dry run's size (DTYPE=fp32).
 # Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
-#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir) MAX_TOKENS=(unset: MICRO rows per micro-batch);
+#   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir) MAX_TOKENS=(unset: MICRO rows per micro-batch)
+#   BUILD_ONLY=1 (write the model and data into WORK and stop);
 #   extra key=value arguments are passed on.
 # Usage: bash benchmarks/gpu_grpo.sh OUT_DIR [key=value ...]   (PYTHONPATH with verl_mp, vLLM)
 set -euo pipefail
@@ -47,6 +48,7 @@ else:
             "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, intermediate_size=8960)}[size]
     save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
 PY
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0  # the model and data in WORK, no run (gpu_session.sh reference)
 moe_args=()
 case "$size" in moe|dsv3*) moe_args=(actor.megatron.expert_model_parallel_size="$nproc") ;; esac
 # MAX_TOKENS: token-budget micro-batches (rows sorted by length) instead of MICRO rows each

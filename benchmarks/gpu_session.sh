@@ -26,7 +26,7 @@
 #                  (DSV3_VERIFY_TPS= and DSV3_LOADER=0 skip them), GRPO with routing replay (DSV3_GRPO=0 skips it),
 #                  and with DSV3_BASELINE=1 the Qwen3-MoE body's GRPO with the same replay on the same card (the bar).
 #                  Next: DSV3_VERIFY_TPS= DSV3_LOADER=0 STEPS=3 DSV3_GRPO_S=240 DSV3_BASELINE=1 (~8-9 min).
-#   reference    : right after `dsv3` (its bodies), carry .whl (+ .gpu-moe): benchmarks/logprob_reference.py, vLLM's and the
+#   reference    : with ~/vllm026 on the machine, carry .gpu-moe + .whl: benchmarks/logprob_reference.py, vLLM's and the
 #                  engine's bf16 log-probs and HF's bf16 against HF fp32 on the same samples (whose rounding is the gap),
 #                  for the DeepSeek-V3, Qwen3-MoE and dense 1.5B bodies (REF_VOCAB=full: the 151,936 vocabulary); ~5 min.
 #   profile      : after stash + stash_moe, carry .gpu-vllm/part2 + .whl: trainer.profile on a dense and a MoE GRPO step, and the
@@ -329,13 +329,19 @@ run_dsv3() {  # issue 43: after `stash` (+ `stash_moe`, or carry .gpu-moe on a m
 
 run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap is (benchmarks/logprob_reference.py):
   # vLLM's sampled log-probs, the engine's and HF transformers' in bf16 against HF in fp32, on the same samples, for
-  # the bodies on this machine: the DeepSeek-V3 and Qwen3-MoE ones a `dsv3` call left (/tmp/dsv3_work, /tmp/moe_work)
-  # and the dense 1.5B body of the peers' job (built here: the tiny tokenizer, REF_VOCAB=full: 151,936 entries).
-  # After `stash` (+ .gpu-moe for the MoE bodies), carry .gpu-vllm/part2 + .whl on a fresh machine; ~1-2 min a body.
+  # the DeepSeek-V3 and Qwen3-MoE bodies of the `dsv3` call's GRPO runs (/tmp/dsv3_work, /tmp/moe_work: built here by
+  # gpu_grpo.sh BUILD_ONLY=1 unless a `dsv3` call left them) and the dense 1.5B body of the peers' job (the tiny
+  # tokenizer; REF_VOCAB=full: 151,936 entries). On a machine with ~/vllm026 (after any vLLM call) carry .gpu-moe + .whl;
+  # on a fresh one `stash` + `stash_moe` first, then carry .gpu-vllm/part2 + .whl. ~1-2 min a body.
   setup_python
   ( install_moe_lib ) || echo "no vLLM MoE library here: the MoE bodies will fail"
   local dense=/tmp/ref_dense_${REF_VOCAB:-tiny}
   for model in ${REF_MODELS:-/tmp/dsv3_work/model /tmp/moe_work/model $dense}; do
+    local size=${model#/tmp/}; size=${size%_work/model}
+    if { [ "$size" = dsv3 ] || [ "$size" = moe ]; } && [ ! -e "$model/config.json" ]; then  # the GRPO runs' bodies
+      WORK=/tmp/${size}_work SIZE=$size BUILD_ONLY=1 bash benchmarks/gpu_grpo.sh /tmp/${size}_unused \
+        > "$OUT/ref_build_$size.log" 2>&1 || tail -3 "$OUT/ref_build_$size.log"
+    fi
     if [ "$model" = $dense ] && [ ! -e $dense/config.json ]; then
       python3 -c "
 import sys, torch
