@@ -80,6 +80,10 @@ def test_console_line_fixed_order_short_precision_skips_absent():
         step=7,
     )
     assert line == "step 7 | score 0.5123 | pg_loss nan | approx_kl 0.0001235"
+    # a multi-turn run's line also says how many turns a conversation took and how many tool calls worked
+    line = format_console_line({"response_length/mean": 96.0, "rollout/multi_turn/turns_per_conversation": 3.25,
+                                "rollout/multi_turn/tool_call_success": 0.875, "timing/step_s": 1.5}, step=2)
+    assert line == "step 2 | resp_len 96 | turns 3.25 | tool_ok 0.875 | step_s 1.5"
 
 
 def test_console_writes_to_stream_or_logger(tmp_path, caplog):

@@ -48,6 +48,8 @@ CONSOLE_KEYS = (
     ("critic/vf_loss", "vf_loss"),
     ("rollout/logprob_diff_max", "lp_diff_max"),
     ("response_length/mean", "resp_len"),
+    ("rollout/multi_turn/turns_per_conversation", "turns"),  # multi-turn runs only
+    ("rollout/multi_turn/tool_call_success", "tool_ok"),
     ("timing/step_s", "step_s"),
     ("perf/tokens_per_s", "tok/s"),
 )
