@@ -36,24 +36,9 @@ PAIRS = (("vllm", "engine"), ("vllm", "hf_fp32"), ("engine", "hf_fp32"), ("hf_bf
 """The pairs compared; ``vllm``-``engine`` is the loop's own gap."""
 
 
-def hf_response_logprobs(model_dir: str, prompts: list[list[int]], responses: list[list[int]],
-                         dtype: torch.dtype, device: str) -> list[list[float]]:
-    """HF transformers' log-prob of each response token, each sample alone (no padding)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    out = []
-    with torch.no_grad():
-        for prompt, response in zip(prompts, responses, strict=True):
-            ids = torch.tensor([list(prompt) + list(response)], device=device)
-            logp = torch.log_softmax(model(ids).logits.float()[0], dim=-1)
-            start = len(prompt) - 1  # the position whose next token is the first response token
-            targets = ids[0, start + 1: start + 1 + len(response)]
-            out.append(logp[start: start + len(response)].gather(-1, targets[:, None]).squeeze(-1).tolist())
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return out
+def per_sample(logprobs: torch.Tensor, responses: list[list[int]]) -> list[list[float]]:
+    """Each response's log-probs from a ``[samples, response positions]`` tensor."""
+    return [logprobs[i, : len(r)].float().tolist() for i, r in enumerate(responses)]
 
 
 def differences(a: list[list[float]], b: list[list[float]]) -> dict[str, float]:
@@ -80,7 +65,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from verl_mp.cli.rank_verify import hf_log_probs
     from verl_mp.cli.rank_verify_rollout import engine_logprobs
+    from verl_mp.data.rl_batch import attention_mask
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
@@ -114,16 +101,18 @@ def main() -> None:
     started = time.perf_counter()
     engine = MegatronEngine(EngineConfig(model_path=a.model, role="ref", dtype=a.dtype, micro_batch_size=4))
     engine.load_hf()
-    _, lp = engine_logprobs(engine, samples, responses)
-    scores["engine"] = [lp[i, : len(r)].float().tolist() for i, r in enumerate(responses)]
+    batch, lp = engine_logprobs(engine, samples, responses)
+    scores["engine"] = per_sample(lp, responses)
     del engine
     timings["engine_s"] = time.perf_counter() - started
 
-    device = "cuda" if cuda else "cpu"
-    for name, dtype in (("hf_fp32", torch.float32), ("hf_bf16", torch.bfloat16)):
+    for name, dtype in (("hf_fp32", torch.float32), ("hf_bf16", torch.bfloat16)):  # HF on the same rows
         started = time.perf_counter()
-        scores[name] = hf_response_logprobs(a.model, samples, responses, dtype, device)
+        hf = hf_log_probs(a.model, batch.input_ids, attention_mask(batch), dtype, "cuda" if cuda else "cpu")
+        scores[name] = per_sample(batch.gather_response(hf), responses)
         timings[f"{name}_s"] = time.perf_counter() - started
+        if cuda:
+            torch.cuda.empty_cache()
 
     result = {"model": os.path.basename(os.path.normpath(a.model)), "dtype": a.dtype, "samples": len(responses),
               "vllm_eager": a.eager,

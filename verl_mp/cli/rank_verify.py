@@ -40,19 +40,20 @@ def token_batch(vocab_size: int, batch: int = 6, seq: int = 24, seed: int = 0):
 
 
 def hf_log_probs(model_dir: str, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 dtype: torch.dtype) -> torch.Tensor:
-    """HF transformers log-probs in the engine's alignment, one unpadded row at a time."""
+                 dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    """HF transformers log-probs in the engine's alignment, one unpadded row at a time (the
+    model on ``device``; the result on the CPU)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     with torch.no_grad():
         for row in range(input_ids.shape[0]):
             cols = attention_mask[row].nonzero().squeeze(-1)
-            ids = input_ids[row, cols][None, :]
+            ids = input_ids[row, cols][None, :].to(device)
             logp = torch.log_softmax(model(ids).logits.float(), dim=-1)
             picked = logp[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
-            out[row, cols[:-1]] = picked
+            out[row, cols[:-1]] = picked.cpu()
     return out
 
 
