@@ -100,6 +100,16 @@ def timed(fn, repeats: int) -> list[tuple[float, object]]:
     return runs
 
 
+def admit_case(runs: list[tuple[float, object]]) -> dict:
+    """One multi-turn case's entry in ``multi_turn_by_admit_every``: the median rate, each run's
+    seconds and model tokens, the last run's engine steps and admissions."""
+    last = runs[-1][1].metrics
+    return {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
+            "seconds": [round(s, 3) for s, _ in runs], "engine_steps": last["rollout/multi_turn/engine_steps"],
+            "model_tokens": [out.num_generated_tokens for _, out in runs],
+            "admissions": last["rollout/multi_turn/engine_admissions"]}
+
+
 def profiled(rollout, batch, sampling, admit_every: int) -> dict:
     """One multi-turn run under torch.profiler: its wall seconds, the GPU's busy milliseconds by
     kernel kind and the top kernels (against the case's unprofiled seconds: is a step's time the
@@ -118,12 +128,13 @@ def profiled(rollout, batch, sampling, admit_every: int) -> dict:
         wall = time.perf_counter() - start
     from verl_mp.utils.profiling import summarize
 
-    summary = summarize(prof.key_averages())
+    averages = prof.key_averages()
+    summary = summarize(averages)
     sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     return {"wall_s": round(wall, 3), "model_tokens": out.num_generated_tokens,
             "engine_steps": out.metrics["rollout/multi_turn/engine_steps"],
             "device_busy_ms": round(summary["device_ms_total"], 1), "device_ms_by_kind": summary["device_ms_by_kind"],
-            "top": prof.key_averages().table(sort_by=sort, row_limit=25)}
+            "top": averages.table(sort_by=sort, row_limit=25)}
 
 
 def main() -> None:
@@ -185,21 +196,13 @@ def main() -> None:
     for k in admit:
         rollout.turns.cfg.multi_turn.admit_every_steps = k
         runs = timed(lambda: rollout.generate(batch, sampling), a.repeats)
-        by_admit[k] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
-                       "seconds": [round(s, 3) for s, _ in runs],
-                       "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
-                       "model_tokens": [out.num_generated_tokens for _, out in runs],
-                       "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
+        by_admit[k] = admit_case(runs)
         if k == admit[0]:
             multi = runs
     for k in admit if a.logprobs_too else ():
         rollout.turns.cfg.multi_turn.admit_every_steps = k
-        runs = timed(lambda: rollout.generate(batch, replace(sampling, logprobs=True)), a.repeats)
-        by_admit[f"{k}+logprobs"] = {"tokens_per_s": statistics.median(out.num_generated_tokens / s for s, out in runs),
-                                     "seconds": [round(s, 3) for s, _ in runs],
-                                     "engine_steps": runs[-1][1].metrics["rollout/multi_turn/engine_steps"],
-                                     "model_tokens": [out.num_generated_tokens for _, out in runs],
-                                     "admissions": runs[-1][1].metrics["rollout/multi_turn/engine_admissions"]}
+        by_admit[f"{k}+logprobs"] = admit_case(timed(lambda: rollout.generate(batch, replace(sampling, logprobs=True)),
+                                                     a.repeats))
     profiles = {k: profiled(rollout, batch, sampling, k) for k in dict.fromkeys((admit[0], admit[-1]))} \
         if a.profile else {}
     rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
