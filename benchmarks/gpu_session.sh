@@ -335,21 +335,16 @@ run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap
   # on a fresh one `stash` + `stash_moe` first, then carry .gpu-vllm/part2 + .whl. ~1-2 min a body.
   setup_python
   ( install_moe_lib ) || echo "no vLLM MoE library here: the MoE bodies will fail"
-  local dense=/tmp/ref_dense_${REF_VOCAB:-tiny}
+  local dense=/tmp/ref_dense_${REF_VOCAB:-tiny}/model
   for model in ${REF_MODELS:-/tmp/dsv3_work/model /tmp/moe_work/model $dense}; do
     local size=${model#/tmp/}; size=${size%_work/model}
     if { [ "$size" = dsv3 ] || [ "$size" = moe ]; } && [ ! -e "$model/config.json" ]; then  # the GRPO runs' bodies
       WORK=/tmp/${size}_work SIZE=$size BUILD_ONLY=1 bash benchmarks/gpu_grpo.sh /tmp/${size}_unused \
         > "$OUT/ref_build_$size.log" 2>&1 || tail -3 "$OUT/ref_build_$size.log"
     fi
-    if [ "$model" = $dense ] && [ ! -e $dense/config.json ]; then
-      python3 -c "
-import sys, torch
-from verl_mp.demo.tiny_models import save_tiny_qwen2
-kw = dict(vocab_size=151936) if sys.argv[1] == 'full' else {}
-save_tiny_qwen2('$dense', num_kv_heads=2, max_position_embeddings=2048, dtype=torch.bfloat16, hidden_size=1536,
-                num_layers=28, num_heads=12, intermediate_size=8960, **kw)" "${REF_VOCAB:-tiny}" > "$OUT/ref_build.log" 2>&1 \
-        || { tail -5 "$OUT/ref_build.log"; continue; }
+    if [ "$model" = $dense ]; then  # the peers' job's body (benchmarks/peers/prepare.py; up to date: kept)
+      python3 benchmarks/peers/prepare.py "$(dirname $dense)" --size 1.5b --vocab "${REF_VOCAB:-tiny}" \
+        > "$OUT/ref_build.log" 2>&1 || { tail -5 "$OUT/ref_build.log"; continue; }
     fi
     [ -e "$model/config.json" ] || { echo "$model: not on this machine, skipped"; continue; }
     local name; name=$(basename "$(dirname "$model")")_$(basename "$model")
