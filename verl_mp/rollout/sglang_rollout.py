@@ -23,7 +23,9 @@ they take part in the weight sync's collectives and in the gather of the results
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 from collections.abc import Iterable, Iterator
 
@@ -61,7 +63,8 @@ class SGLangRollout:
         if self.leader:
             import sglang
 
-            self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device()))
+            with schedulers_env():
+                self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device()))
         if dist.is_initialized():
             dist.barrier()  # every group's engine is up before any rank moves on
         self._sleeping: set[str] = set()
@@ -173,6 +176,25 @@ def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int) -> dic
         # per-request seeds are honoured only in SGLang's deterministic mode, and only by its torch sampler
         kwargs.update(enable_deterministic_inference=True, sampling_backend="pytorch")
     return kwargs
+
+
+_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+@contextlib.contextmanager
+def schedulers_env():
+    """The environment SGLang's scheduler processes are spawned with: without torchrun's
+    ``TORCHELASTIC_USE_AGENT_STORE``. A child that inherits it joins every ``tcp://`` rendezvous
+    as a client of a store that nobody serves, so the schedulers' own process group never
+    forms and ``sglang.Engine`` waits without a word until the rendezvous times out (seen on
+    the GPU machine, 2026-12-06: a 480 s silent hang under torchrun; a bare engine started in
+    76 s)."""
+    saved = os.environ.pop(_AGENT_STORE, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[_AGENT_STORE] = saved
 
 
 def request_batch(prompt_ids: list[list[int]], mine: list[int],
