@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -63,8 +64,12 @@ class SGLangRollout:
         if self.leader:
             import sglang
 
+            t0 = time.perf_counter()
+            logger.info("starting sglang.Engine %s (TP %d from GPU %d)", self.version, self.tp_size,
+                        torch.cuda.current_device())
             with schedulers_env():
                 self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device()))
+            logger.info("sglang.Engine up in %.1f s", time.perf_counter() - t0)
         if dist.is_initialized():
             dist.barrier()  # every group's engine is up before any rank moves on
         self._sleeping: set[str] = set()

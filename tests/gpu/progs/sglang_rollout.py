@@ -10,8 +10,10 @@ Writes JSON to ``--out``.
 """
 
 import argparse
+import faulthandler
 import json
 import os
+import sys
 import time
 
 import torch
@@ -126,7 +128,11 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--out", required=True)
+    p.add_argument("--hang-s", type=float, default=360.0,
+                   help="print every thread's stack and exit after this many seconds (a hung engine start "
+                        "then costs minutes of device time, not the whole call)")
     a = p.parse_args()
+    faulthandler.dump_traceback_later(a.hang_s, exit=True, file=sys.stderr)
     if not dist.is_initialized():
         dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
