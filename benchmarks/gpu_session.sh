@@ -671,7 +671,7 @@ setup_sglang() {  # issue 38: megatron from .whl, then the SGLang kit (carried, 
 
 sglang_grpo() {  # sglang_grpo BACKEND: GRPO on the 0.5B body, 10 steps, log-prob gap every step; the step tables
   local backend=$1
-  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=${STEPS:-10} GAP_FREQ=1 timeout ${GRPO_S:-480} \
+  CUDA_VISIBLE_DEVICES=0 WORK=/tmp/sgl_work SIZE=0.5b STEPS=${STEPS:-10} GAP_FREQ=1 timeout ${GRPO_S:-540} \
     bash benchmarks/gpu_grpo.sh "$OUT/grpo_$backend" rollout.backend=$backend \
     $([ "$backend" = sglang ] && echo rollout.sglang_attention_backend=triton) > "$OUT/grpo_$backend.log" 2>&1
   echo "GRPO (rollout.backend=$backend) rc=$?"; grep -E "Error|error:" "$OUT/grpo_$backend.log" | tail -3 | cut -c1-400

@@ -42,7 +42,7 @@ def test_sglang_batches_equal_checkpoint(models, tmp_path, tp, pp):
 def test_sglang_schedulers_form_their_own_group_under_torchrun(tmp_path):
     """SGLang's schedulers are spawned processes that form their own ``tcp://`` process group.
     Under torchrun they inherit ``TORCHELASTIC_USE_AGENT_STORE`` and wait as clients of a store
-    nobody serves (the first GPU run's silent 480 s hang, 2026-12-06); ``schedulers_env`` starts
+    nobody serves (the first GPU run's silent 480 s hang, 2026-12-06); ``engine_start_env`` starts
     them without it and gives the rank its environment back."""
     out = tmp_path / "r.json"
     launch_local(str(Path(__file__).parent / "progs" / "sglang_spawn.py"), 1, [str(out)], module=False, timeout_s=180)

@@ -1,8 +1,11 @@
 """``rollout.backend=sglang`` on a machine that cannot run SGLang (this one: no CUDA, no sglang
 installed): the trainer's CLI refuses it before anything starts, with the setting, the reason
 and the fix; the engine refuses it too where it would start. Plus the backend's own pure parts
-(requests, seeds, engine arguments, weight batches); what SGLang does with them is
-tests/gpu/test_rollout_sglang_gpu.py's (nothing of SGLang is imitated here)."""
+(requests, seeds, engine arguments, weight batches, the update's answer, the rank's logging
+across the engine's start); what SGLang does with them is tests/gpu/test_rollout_sglang_gpu.py's
+(nothing of SGLang is imitated here but its engine's ``shutdown`` raising, for `close`)."""
+
+import logging
 
 import pytest
 import torch
@@ -10,7 +13,8 @@ import torch
 from verl_mp.cli import main as cli_main
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_sync_mode
 from verl_mp.rollout.sglang_compat import check_rollout_backend, sglang_blocker, sglang_version
-from verl_mp.rollout.sglang_rollout import engine_kwargs, request_batch, weight_batches
+from verl_mp.rollout.sglang_rollout import (SGLangRollout, check_update, engine_kwargs, engine_start_env,
+                                            request_batch, weight_batches)
 
 pytestmark = pytest.mark.unit
 
@@ -108,3 +112,48 @@ def test_weight_batches_reach_the_bucket_and_never_split_a_tensor():
     batches = list(weight_batches(iter(tensors), bucket_bytes=24))
     assert [[n for n, _ in b] for b in batches] == [["w0", "w1"], ["w2"], ["w3", "w4", "w5"]]
     assert list(weight_batches(iter([]), 24)) == []
+
+
+def test_the_engine_start_leaves_the_ranks_logging_as_it_was():
+    """sglang 0.5.17's engine start runs ``logging.basicConfig(level=ERROR, force=True)`` in the
+    calling process (its ``configure_logger``); what the rank had is back after the start."""
+    root = logging.getLogger()
+    before_handlers, before_level = root.handlers[:], root.level
+    seen: list[str] = []
+    mine = logging.Handler()
+    mine.emit = lambda record: seen.append(record.getMessage())
+    root.addHandler(mine)
+    root.setLevel(logging.INFO)
+    try:
+        with engine_start_env():
+            logging.basicConfig(level=logging.ERROR, force=True, format="%(message)s")  # what SGLang does
+            assert mine not in root.handlers and root.level == logging.ERROR
+        logging.getLogger("verl_mp.trainer").info("step 1 done")
+        assert mine in root.handlers and root.level == logging.INFO and seen == ["step 1 done"]
+        assert len(root.handlers) == len(before_handlers) + 1  # SGLang's own handler is gone
+    finally:
+        for h in root.handlers[:]:
+            root.removeHandler(h)
+        for h in before_handlers:
+            root.addHandler(h)
+        root.setLevel(before_level)
+
+
+def test_a_refused_weight_update_stops_with_sglangs_message():
+    batch = [("model.embed_tokens.weight", torch.zeros(2)), ("lm_head.weight", torch.zeros(2))]
+    check_update((True, "Succeeded to update model weights."), batch)
+    with pytest.raises(RuntimeError, match="refused the weight update of 2 tensors .*embed_tokens.*lm_head.*shape "
+                                           "mismatch.*previous policy"):
+        check_update((False, "shape mismatch for lm_head.weight"), batch)
+
+
+def test_a_failing_engine_shutdown_is_logged_not_raised(caplog):
+    class Engine:  # the one call close() makes; SGLang's engine itself needs CUDA (see the module docstring)
+        def shutdown(self):
+            raise RuntimeError("child 123 not reaped within 60 s")
+
+    rollout = SGLangRollout.__new__(SGLangRollout)
+    rollout.engine = Engine()
+    with caplog.at_level(logging.ERROR):
+        rollout.close()
+    assert rollout.engine is None and "child 123 not reaped" in caplog.text

@@ -67,7 +67,7 @@ class SGLangRollout:
             t0 = time.perf_counter()
             logger.info("starting sglang.Engine %s (TP %d from GPU %d)", self.version, self.tp_size,
                         torch.cuda.current_device())
-            with schedulers_env():
+            with engine_start_env():
                 self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device()))
             logger.info("sglang.Engine up in %.1f s", time.perf_counter() - t0)
         if dist.is_initialized():
@@ -122,11 +122,16 @@ class SGLangRollout:
         last = None
         for batch in batches:
             if self.leader and last is not None:
-                self.engine.update_weights_from_tensor(last, flush_cache=False)
+                self._update(last, flush_cache=False)
             last = batch
         if self.leader and last is not None:
-            self.engine.update_weights_from_tensor(last, flush_cache=True)  # cached prefixes are stale now
+            self._update(last, flush_cache=True)  # cached prefixes are stale now
         self.weights_dropped = False
+
+    def _update(self, batch: list[tuple[str, torch.Tensor]], flush_cache: bool) -> None:
+        """One ``update_weights_from_tensor`` call; SGLang answers ``(success, message)`` and keeps
+        its old weights when it fails, so a failure stops the run here."""
+        check_update(self.engine.update_weights_from_tensor(batch, flush_cache=flush_cache), batch)
 
     def sleep(self) -> None:
         """Release SGLang's GPU memory: the KV cache and CUDA graphs, and the weights unless
@@ -150,9 +155,16 @@ class SGLangRollout:
         self._sleeping -= set(wanted)
 
     def close(self) -> None:
+        """Shut the engine down. SGLang's shutdown kills every child of this process and raises
+        when one is not reaped within 60 s: logged, so that a finished run does not end as a
+        failure at its very end."""
         if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
+            engine, self.engine = self.engine, None
+            try:
+                engine.shutdown()
+            except Exception as e:  # noqa: BLE001 - the run's work is done; say what failed
+                logger.error("sglang.Engine.shutdown failed (%s: %s); its processes may outlive the run",
+                             type(e).__name__, e)
 
 
 def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int) -> dict:
@@ -187,19 +199,32 @@ _AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 @contextlib.contextmanager
-def schedulers_env():
-    """The environment SGLang's scheduler processes are spawned with: without torchrun's
-    ``TORCHELASTIC_USE_AGENT_STORE``. A child that inherits it joins every ``tcp://`` rendezvous
-    as a client of a store that nobody serves, so the schedulers' own process group never
-    forms and ``sglang.Engine`` waits without a word until the rendezvous times out (seen on
-    the GPU machine, 2026-12-06: a 480 s silent hang under torchrun; a bare engine started in
-    76 s)."""
+def engine_start_env():
+    """Around ``sglang.Engine(...)`` in a trainer rank, two things its start-up would break:
+
+    - its scheduler processes are spawned without torchrun's ``TORCHELASTIC_USE_AGENT_STORE``.
+      A child that inherits it joins every ``tcp://`` rendezvous as a client of a store nobody
+      serves, so the schedulers' own process group never forms and the engine waits without a
+      word until the rendezvous times out (seen on the GPU machine, 2026-12-06: a 480 s silent
+      hang under torchrun; a bare engine started in 76 s);
+    - the rank's logging is put back: the engine's start calls ``logging.basicConfig(level=ERROR,
+      force=True)`` in the calling process (sglang 0.5.17's ``configure_logger``), which would drop
+      every INFO and WARNING line of the rank from then on (its progress and warnings)."""
     saved = os.environ.pop(_AGENT_STORE, None)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     try:
         yield
     finally:
         if saved is not None:
             os.environ[_AGENT_STORE] = saved
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
 
 
 def request_batch(prompt_ids: list[list[int]], mine: list[int],
@@ -248,6 +273,16 @@ def unpack_outputs(outs: list[dict], mine: list[int], sampling: SamplingConfig) 
         reason = meta.get("finish_reason") or {}
         local.setdefault(mine[k // sampling.n], []).append((ids, lps, reason.get("type") == "stop"))
     return local
+
+
+def check_update(result, batch: list[tuple[str, torch.Tensor]]) -> None:
+    """Raise unless ``update_weights_from_tensor``'s ``result`` (``(success, message)``) is a success."""
+    ok, message = result if isinstance(result, tuple) else (result, "")
+    if not ok:
+        names = [name for name, _ in batch]
+        raise RuntimeError(f"SGLang refused the weight update of {len(names)} tensors ({names[0]} ... {names[-1]}): "
+                           f"{message or 'no message'}; its old weights are still in place, so the rollout would "
+                           f"sample from the previous policy")
 
 
 def weight_batches(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int

@@ -1,7 +1,7 @@
 """For tests/dist/test_sglang_weights.py: under torchrun (1 rank), start a process the way
 SGLang starts its schedulers (``spawn``) and let it form its own one-member ``tcp://`` process
 group, as SGLang's scheduler does at start-up: once with the rank's environment as torchrun
-made it, once inside ``sglang_rollout.schedulers_env()``. Writes JSON to argv[1]: each
+made it, once inside ``sglang_rollout.engine_start_env()``. Writes JSON to argv[1]: each
 child's exit code and torchrun's agent-store variable after the ``with`` block."""
 
 import datetime
@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 
-from verl_mp.rollout.sglang_rollout import schedulers_env
+from verl_mp.rollout.sglang_rollout import engine_start_env
 
 
 def own_group(timeout_s: float) -> None:
@@ -35,7 +35,7 @@ def run_child(timeout_s: float) -> int:
 def main() -> None:
     r = {"agent_store_in_rank": os.environ.get("TORCHELASTIC_USE_AGENT_STORE")}
     r["plain_exit"] = run_child(4.0)
-    with schedulers_env():
+    with engine_start_env():
         r["inside_exit"] = run_child(30.0)
     r["agent_store_after"] = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
     with open(sys.argv[1], "w") as f:

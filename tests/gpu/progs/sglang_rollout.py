@@ -86,7 +86,7 @@ def speed(a) -> dict:
     import sglang
 
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-    from verl_mp.rollout.sglang_rollout import SGLangRollout, engine_kwargs, request_batch, schedulers_env
+    from verl_mp.rollout.sglang_rollout import SGLangRollout, engine_kwargs, request_batch, engine_start_env
 
     from transformers import AutoConfig
 
@@ -96,7 +96,7 @@ def speed(a) -> dict:
     cfg = RolloutConfig(backend="sglang", max_model_len=a.max_new_tokens + 16, dtype="bf16",
                         gpu_memory_utilization=0.5, sglang_attention_backend=a.attention_backend)
     r = {}
-    with schedulers_env():  # as SGLangRollout starts its engine (under torchrun)
+    with engine_start_env():  # as SGLangRollout starts its engine (under torchrun)
         bare = sglang.Engine(**engine_kwargs(cfg, a.model, torch.cuda.current_device()))
     ids, params = request_batch(prompts, list(range(len(prompts))), sampling)
     bare.generate(input_ids=ids[:8], sampling_params=params[:8], return_logprob=True)  # warm-up
