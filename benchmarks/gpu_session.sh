@@ -688,6 +688,11 @@ for path in sys.argv[1:]:
     for r in rows:
         print("", r["step"], *(f"{r[k]:.4g}" if k in r else "-" for k in keys), sep=" | ")
 PY
+  # at most 8 files come back from $OUT: the run's folder (config, plan, logs/ranks.log) and its log in one archive;
+  # a failed run's ranks.log tail here
+  [ -s "$OUT/grpo_${backend}_metrics.jsonl" ] || tail -25 "$OUT/grpo_$backend/logs/ranks.log" 2>/dev/null | cut -c1-300
+  (cd "$OUT" && tar -czf "grpo_${backend}_run.tgz" --exclude=checkpoints --exclude='*.pt' "grpo_$backend" "grpo_$backend.log" \
+    && rm -rf "grpo_$backend" "grpo_$backend.log")
 }
 
 run_sglang() {  # issue 38: the SGLang rollout backend on one GPU
