@@ -14,7 +14,7 @@ from verl_mp.cli import main as cli_main
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_sync_mode
 from verl_mp.rollout.sglang_compat import check_rollout_backend, sglang_blocker, sglang_version
 from verl_mp.rollout.sglang_rollout import (SGLangRollout, check_update, engine_kwargs, engine_start_env,
-                                            request_batch, weight_batches)
+                                            model_positions, request_batch, weight_batches)
 
 pytestmark = pytest.mark.unit
 
@@ -93,8 +93,12 @@ def test_engine_arguments_follow_the_rollout_config():
     cfg = RolloutConfig(backend="sglang", tensor_model_parallel_size=2, dtype="bf16", max_model_len=512,
                         gpu_memory_utilization=0.3, sleep_level=1, sglang_attention_backend="triton")
     kw = engine_kwargs(cfg, "/m", 4)
-    assert (kw["tp_size"], kw["base_gpu_id"], kw["dtype"], kw["context_length"], kw["mem_fraction_static"]) == \
-        (2, 4, "bfloat16", 512, 0.3)
+    assert (kw["tp_size"], kw["base_gpu_id"], kw["dtype"], kw["mem_fraction_static"]) == (2, 4, "bfloat16", 0.3)
+    # SGLang generates up to context_length - 2 tokens: 2 more than max_model_len, so that the prompt and
+    # max_new_tokens fit where they fit vLLM; never past the model's positions (SGLang refuses that)
+    assert kw["context_length"] == 514 and engine_kwargs(cfg, "/m", 4, max_positions=4096)["context_length"] == 514
+    assert engine_kwargs(cfg, "/m", 4, max_positions=513)["context_length"] == 513
+    assert engine_kwargs(cfg, "/m", 4, max_positions=512)["context_length"] == 512
     assert kw["enable_memory_saver"] and kw["enable_weights_cpu_backup"] and kw["attention_backend"] == "triton"
     assert kw["skip_tokenizer_init"] and "enable_deterministic_inference" not in kw
     level2 = engine_kwargs(RolloutConfig(backend="sglang", sglang_deterministic=True), "/m", 0)
@@ -157,3 +161,12 @@ def test_a_failing_engine_shutdown_is_logged_not_raised(caplog):
     with caplog.at_level(logging.ERROR):
         rollout.close()
     assert rollout.engine is None and "child 123 not reaped" in caplog.text
+
+
+def test_the_models_positions_come_from_its_config(tmp_path):
+    from verl_mp.demo.tiny_models import build_tiny_checkpoint
+
+    build_tiny_checkpoint("qwen2", tmp_path / "m")
+    import json
+    assert model_positions(str(tmp_path / "m")) == json.loads((tmp_path / "m" / "config.json").read_text())[
+        "max_position_embeddings"] > 0

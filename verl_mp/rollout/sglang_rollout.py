@@ -24,6 +24,7 @@ they take part in the weight sync's collectives and in the gather of the results
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -67,8 +68,14 @@ class SGLangRollout:
             t0 = time.perf_counter()
             logger.info("starting sglang.Engine %s (TP %d from GPU %d)", self.version, self.tp_size,
                         torch.cuda.current_device())
+            positions = model_positions(model_path)
+            if positions is not None and cfg.max_model_len + CONTEXT_RESERVE > positions:
+                logger.warning("rollout.max_model_len=%d leaves SGLang no room for the %d tokens it reserves below the "
+                               "model's max_position_embeddings=%d: a prompt within %d tokens of max_model_len - "
+                               "max_new_tokens gets that many fewer response tokens", cfg.max_model_len,
+                               CONTEXT_RESERVE, positions, CONTEXT_RESERVE)
             with engine_start_env():
-                self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device()))
+                self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device(), positions))
             logger.info("sglang.Engine up in %.1f s", time.perf_counter() - t0)
         if dist.is_initialized():
             dist.barrier()  # every group's engine is up before any rank moves on
@@ -167,14 +174,33 @@ class SGLangRollout:
                              type(e).__name__, e)
 
 
-def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int) -> dict:
-    """``sglang.Engine`` arguments for ``cfg`` (pure: no SGLang import)."""
+CONTEXT_RESERVE = 2
+"""Tokens of ``context_length`` SGLang 0.5.17 never generates into: its requests end at
+``context_length - 1`` tokens and its scheduler caps ``max_new_tokens`` one below that
+(``tp_worker.py``, ``scheduler.py``). The engine gets ``max_model_len`` plus these, so that a
+prompt and ``max_new_tokens`` fit exactly where they fit vLLM (``rollout.max_model_len``)."""
+
+
+def model_positions(model_path: str) -> int | None:
+    """The checkpoint's ``max_position_embeddings`` (None where its config.json has none)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    return config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
+
+
+def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int, max_positions: int | None = None) -> dict:
+    """``sglang.Engine`` arguments for ``cfg`` (pure: no SGLang import). ``max_positions``: the
+    model's ``max_position_embeddings``, which the context (``max_model_len`` +
+    `CONTEXT_RESERVE`) does not pass (SGLang refuses a longer one)."""
+    context = cfg.max_model_len + CONTEXT_RESERVE
+    if max_positions is not None:
+        context = max(cfg.max_model_len, min(context, max_positions))
     kwargs = dict(
         model_path=model_path,
         tp_size=cfg.tensor_model_parallel_size,
         base_gpu_id=device_index,
         dtype=SGLANG_DTYPES[cfg.dtype],
-        context_length=cfg.max_model_len,
+        context_length=context,
         mem_fraction_static=cfg.gpu_memory_utilization,
         load_format=cfg.load_format,
         enable_memory_saver=True,

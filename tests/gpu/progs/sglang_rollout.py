@@ -86,7 +86,8 @@ def speed(a) -> dict:
     import sglang
 
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-    from verl_mp.rollout.sglang_rollout import SGLangRollout, engine_kwargs, request_batch, engine_start_env
+    from verl_mp.rollout.sglang_rollout import (SGLangRollout, engine_kwargs, engine_start_env, model_positions,
+                                                request_batch)
 
     from transformers import AutoConfig
 
@@ -97,7 +98,7 @@ def speed(a) -> dict:
                         gpu_memory_utilization=0.5, sglang_attention_backend=a.attention_backend)
     r = {}
     with engine_start_env():  # as SGLangRollout starts its engine (under torchrun)
-        bare = sglang.Engine(**engine_kwargs(cfg, a.model, torch.cuda.current_device()))
+        bare = sglang.Engine(**engine_kwargs(cfg, a.model, torch.cuda.current_device(), model_positions(a.model)))
     ids, params = request_batch(prompts, list(range(len(prompts))), sampling)
     bare.generate(input_ids=ids[:8], sampling_params=params[:8], return_logprob=True)  # warm-up
     t = time.perf_counter()
