@@ -153,6 +153,7 @@ def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, 
     (None, True, "hooks", True, "vllm", True),  # the hooks record each position outside graphs
     (False, True, "hooks", True, "vllm", True),  # ... whatever enforce_eager says
     (None, True, "vllm", True, "vllm", False),  # vLLM's own capture runs with graphs
+    (None, True, "hooks", True, "sglang", False),  # no hooks outside vLLM
 ])
 def test_runs_eager_is_the_one_rule_for_the_engine_and_the_planner(enforce_eager, record_routing, capture, cuda,
                                                                      backend, eager):
