@@ -14,7 +14,7 @@ from verl_mp.cli import main as cli_main
 from verl_mp.config.rollout import RolloutConfig, SamplingConfig, validate_sync_mode
 from verl_mp.rollout.sglang_compat import check_rollout_backend, sglang_blocker, sglang_version
 from verl_mp.rollout.sglang_rollout import (SGLangRollout, check_update, engine_kwargs, engine_start_env,
-                                            model_positions, request_batch, weight_batches)
+                                            request_batch, weight_batches)
 
 pytestmark = pytest.mark.unit
 
@@ -162,11 +162,3 @@ def test_a_failing_engine_shutdown_is_logged_not_raised(caplog):
         rollout.close()
     assert rollout.engine is None and "child 123 not reaped" in caplog.text
 
-
-def test_the_models_positions_come_from_its_config(tmp_path):
-    from verl_mp.demo.tiny_models import build_tiny_checkpoint
-
-    build_tiny_checkpoint("qwen2", tmp_path / "m")
-    import json
-    assert model_positions(str(tmp_path / "m")) == json.loads((tmp_path / "m" / "config.json").read_text())[
-        "max_position_embeddings"] > 0

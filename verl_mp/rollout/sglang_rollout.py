@@ -24,7 +24,6 @@ they take part in the weight sync's collectives and in the gather of the results
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -46,7 +45,8 @@ _SLEEP_TAGS = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}
 
 
 class SGLangRollout:
-    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False):
+    def __init__(self, cfg: RolloutConfig, model_path: str, num_kv_heads: int, moe: bool = False,
+                 max_positions: int | None = None):
         if moe:
             raise ValueError("rollout.backend=sglang is built and checked for dense models only (no MoE weight "
                              "layout or routing capture yet); use rollout.backend=vllm for mixture-of-experts models")
@@ -68,14 +68,14 @@ class SGLangRollout:
             t0 = time.perf_counter()
             logger.info("starting sglang.Engine %s (TP %d from GPU %d)", self.version, self.tp_size,
                         torch.cuda.current_device())
-            positions = model_positions(model_path)
-            if positions is not None and cfg.max_model_len + CONTEXT_RESERVE > positions:
+            kwargs = engine_kwargs(cfg, model_path, torch.cuda.current_device(), max_positions)
+            if kwargs["context_length"] < cfg.max_model_len + CONTEXT_RESERVE:
                 logger.warning("rollout.max_model_len=%d leaves SGLang no room for the %d tokens it reserves below the "
-                               "model's max_position_embeddings=%d: a prompt within %d tokens of max_model_len - "
+                               "model's max_position_embeddings=%s: a prompt within %d tokens of max_model_len - "
                                "max_new_tokens gets that many fewer response tokens", cfg.max_model_len,
-                               CONTEXT_RESERVE, positions, CONTEXT_RESERVE)
+                               CONTEXT_RESERVE, max_positions, CONTEXT_RESERVE)
             with engine_start_env():
-                self.engine = sglang.Engine(**engine_kwargs(cfg, model_path, torch.cuda.current_device(), positions))
+                self.engine = sglang.Engine(**kwargs)
             logger.info("sglang.Engine up in %.1f s", time.perf_counter() - t0)
         if dist.is_initialized():
             dist.barrier()  # every group's engine is up before any rank moves on
@@ -179,13 +179,6 @@ CONTEXT_RESERVE = 2
 ``context_length - 1`` tokens and its scheduler caps ``max_new_tokens`` one below that
 (``tp_worker.py``, ``scheduler.py``). The engine gets ``max_model_len`` plus these, so that a
 prompt and ``max_new_tokens`` fit exactly where they fit vLLM (``rollout.max_model_len``)."""
-
-
-def model_positions(model_path: str) -> int | None:
-    """The checkpoint's ``max_position_embeddings`` (None where its config.json has none)."""
-    with open(os.path.join(model_path, "config.json")) as f:
-        config = json.load(f)
-    return config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
 
 
 def engine_kwargs(cfg: RolloutConfig, model_path: str, device_index: int, max_positions: int | None = None) -> dict:
@@ -303,7 +296,7 @@ def unpack_outputs(outs: list[dict], mine: list[int], sampling: SamplingConfig) 
 
 def check_update(result, batch: list[tuple[str, torch.Tensor]]) -> None:
     """Raise unless ``update_weights_from_tensor``'s ``result`` (``(success, message)``) is a success."""
-    ok, message = result if isinstance(result, tuple) else (result, "")
+    ok, message = result
     if not ok:
         names = [name for name, _ in batch]
         raise RuntimeError(f"SGLang refused the weight update of {len(names)} tensors ({names[0]} ... {names[-1]}): "

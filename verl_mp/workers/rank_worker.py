@@ -75,7 +75,8 @@ class RankWorker:
         if "rollout" in self.roles:  # on a pool of its own, no engine to ask: the model's config
             spec = self.actor.spec if self.actor is not None else rollout_link.model_spec(plan.model_path)
             self.rollout = build_rollout(plan.rollout, plan.model_path, spec.num_query_groups, moe=spec.moe is not None,
-                                         record_routing=plan.router_replay == "rollout")
+                                         record_routing=plan.router_replay == "rollout",
+                                         max_positions=spec.max_position_embeddings)
         if self.actor is not None and self.rollout is not None:
             self.sync = make_weight_sync(self.actor.spec, self.actor.chunks, self.actor.state,
                                          plan.rollout.weight_sync_bucket_mb, plan.rollout.weight_sync_mode,

@@ -46,7 +46,7 @@ def parity(a) -> dict:
     engine.load_hf()
     rollout = SGLangRollout(RolloutConfig(backend="sglang", max_model_len=128, dtype="bf16", gpu_memory_utilization=0.3,
                                           sleep_level=a.sleep_level, sglang_attention_backend=a.attention_backend),
-                            a.model, engine.spec.num_query_groups)
+                            a.model, engine.spec.num_query_groups, max_positions=engine.spec.max_position_embeddings)
     sync = make_weight_sync(engine.spec, engine.chunks, engine.state, 64, "auto", rollout)
     prompts = prompts_for(engine.spec.vocab_size, 8)
     sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=10)
@@ -86,19 +86,19 @@ def speed(a) -> dict:
     import sglang
 
     from verl_mp.config.rollout import RolloutConfig, SamplingConfig
-    from verl_mp.rollout.sglang_rollout import (SGLangRollout, engine_kwargs, engine_start_env, model_positions,
-                                                request_batch)
+    from verl_mp.rollout.sglang_rollout import SGLangRollout, engine_kwargs, engine_start_env, request_batch
 
     from transformers import AutoConfig
 
-    vocab = AutoConfig.from_pretrained(a.model).vocab_size
+    hf = AutoConfig.from_pretrained(a.model)
+    vocab = hf.vocab_size
     prompts = prompts_for(vocab, a.prompts, seed=1)
     sampling = SamplingConfig(n=a.n, temperature=1.0, max_new_tokens=a.max_new_tokens, ignore_eos=True)
     cfg = RolloutConfig(backend="sglang", max_model_len=a.max_new_tokens + 16, dtype="bf16",
                         gpu_memory_utilization=0.5, sglang_attention_backend=a.attention_backend)
     r = {}
     with engine_start_env():  # as SGLangRollout starts its engine (under torchrun)
-        bare = sglang.Engine(**engine_kwargs(cfg, a.model, torch.cuda.current_device(), model_positions(a.model)))
+        bare = sglang.Engine(**engine_kwargs(cfg, a.model, torch.cuda.current_device(), hf.max_position_embeddings))
     ids, params = request_batch(prompts, list(range(len(prompts))), sampling)
     bare.generate(input_ids=ids[:8], sampling_params=params[:8], return_logprob=True)  # warm-up
     t = time.perf_counter()
@@ -106,7 +106,7 @@ def speed(a) -> dict:
     r["alone_s"] = time.perf_counter() - t
     r["alone_tokens"] = sum(len(o["output_ids"]) for o in outs)
     bare.shutdown()
-    rollout = SGLangRollout(cfg, a.model, AutoConfig.from_pretrained(a.model).num_key_value_heads)
+    rollout = SGLangRollout(cfg, a.model, hf.num_key_value_heads, max_positions=hf.max_position_embeddings)
     rollout.generate(prompts[:8], sampling)  # warm-up
     t = time.perf_counter()
     out = rollout.generate(prompts, sampling)
