@@ -357,6 +357,14 @@ run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap
       --max-new ${REF_MAX_NEW:-128} "${eager[@]}" --out "$OUT/reference_$name.json" > "$OUT/reference_$name.log" 2>&1
     echo "== $name rc=$?"; grep -A6 '^pair' "$OUT/reference_$name.log"
     grep -E 'Error' "$OUT/reference_$name.log" | grep -v ChildFailed | tail -2 | cut -c1-400
+    if [ "$model" = $dense ] && [ "${REF_TORCH_KERNELS:-1}" = 1 ]; then  # issue 36: the engine without its fused
+      # Triton kernels (log-prob, RMSNorm, SwiGLU: the GPU-only path; on the CPU the engine and HF bf16 agree to 2e-4)
+      env "${mla[@]}" VERL_MP_KERNELS=torch timeout ${REF_S:-150} python3 -m torch.distributed.run --standalone \
+        --nproc-per-node 1 benchmarks/logprob_reference.py --model "$model" --prompts ${REF_PROMPTS:-32} \
+        --samples ${REF_SAMPLES:-4} --max-new ${REF_MAX_NEW:-128} --out "$OUT/reference_${name}_torch_kernels.json" \
+        > "$OUT/reference_${name}_torch_kernels.log" 2>&1
+      echo "== $name, VERL_MP_KERNELS=torch rc=$?"; grep -A6 '^pair' "$OUT/reference_${name}_torch_kernels.log"
+    fi
   done
   # at most 8 files come back: the logs in one archive, the JSON results beside it
   (cd "$OUT" && tar -czf reference_logs.tgz ./*.log && rm -f ./*.log)
