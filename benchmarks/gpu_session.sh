@@ -352,19 +352,18 @@ run_reference() {  # issues 43 and 36: whose rounding the rollout-vs-trainer gap
     grep -q kv_lora_rank "$model/config.json" && mla+=(VLLM_ATTENTION_BACKEND="${MLA_BACKEND:-TRITON_MLA}")
     # a mixture of experts: vLLM eager, as the GRPO runs ran it (routing replay's hooks capture)
     grep -qE '"(num_experts|n_routed_experts)"' "$model/config.json" && eager=(--eager)
-    env "${mla[@]}" timeout ${REF_S:-150} python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-      benchmarks/logprob_reference.py --model "$model" --prompts ${REF_PROMPTS:-32} --samples ${REF_SAMPLES:-4} \
-      --max-new ${REF_MAX_NEW:-128} "${eager[@]}" --out "$OUT/reference_$name.json" > "$OUT/reference_$name.log" 2>&1
-    echo "== $name rc=$?"; grep -A6 '^pair' "$OUT/reference_$name.log"
-    grep -E 'Error' "$OUT/reference_$name.log" | grep -v ChildFailed | tail -2 | cut -c1-400
-    if [ "$model" = $dense ] && [ "${REF_TORCH_KERNELS:-1}" = 1 ]; then  # issue 36: the engine without its fused
-      # Triton kernels (log-prob, RMSNorm, SwiGLU: the GPU-only path; on the CPU the engine and HF bf16 agree to 2e-4)
-      env "${mla[@]}" VERL_MP_KERNELS=torch timeout ${REF_S:-150} python3 -m torch.distributed.run --standalone \
+    # the dense body also without the engine's fused Triton kernels (log-prob, RMSNorm, SwiGLU: the GPU-only path;
+    # issue 36: on the CPU the engine and HF bf16 agree to 2e-4)
+    local kernels=(auto); [ "$model" = $dense ] && [ "${REF_TORCH_KERNELS:-1}" = 1 ] && kernels+=(torch)
+    for k in "${kernels[@]}"; do
+      local tag=$name; [ "$k" = torch ] && tag=${name}_torch_kernels
+      env "${mla[@]}" VERL_MP_KERNELS=$k timeout ${REF_S:-150} python3 -m torch.distributed.run --standalone \
         --nproc-per-node 1 benchmarks/logprob_reference.py --model "$model" --prompts ${REF_PROMPTS:-32} \
-        --samples ${REF_SAMPLES:-4} --max-new ${REF_MAX_NEW:-128} --out "$OUT/reference_${name}_torch_kernels.json" \
-        > "$OUT/reference_${name}_torch_kernels.log" 2>&1
-      echo "== $name, VERL_MP_KERNELS=torch rc=$?"; grep -A6 '^pair' "$OUT/reference_${name}_torch_kernels.log"
-    fi
+        --samples ${REF_SAMPLES:-4} --max-new ${REF_MAX_NEW:-128} "${eager[@]}" --out "$OUT/reference_$tag.json" \
+        > "$OUT/reference_$tag.log" 2>&1
+      echo "== $tag rc=$?"; grep -A6 '^pair' "$OUT/reference_$tag.log"
+      grep -E 'Error' "$OUT/reference_$tag.log" | grep -v ChildFailed | tail -2 | cut -c1-400
+    done
   done
   # at most 8 files come back: the logs in one archive, the JSON results beside it
   (cd "$OUT" && tar -czf reference_logs.tgz ./*.log && rm -f ./*.log)

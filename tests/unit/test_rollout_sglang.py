@@ -161,4 +161,3 @@ def test_a_failing_engine_shutdown_is_logged_not_raised(caplog):
     with caplog.at_level(logging.ERROR):
         rollout.close()
     assert rollout.engine is None and "child 123 not reaped" in caplog.text
-
