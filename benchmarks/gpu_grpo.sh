@@ -12,7 +12,9 @@
 # SIZE=dsv3_tiny: the same kinds at a CPU dry run's size (DTYPE=fp32).
 # Settings (env, defaults): SIZE=0.5b (or tiny: a CPU dry run with DTYPE=fp32) NPROC=1 TP=1 PROMPTS=64 N=8 MAX_NEW=256 MICRO=32
 #   UTIL=0.4 STEPS=4 GAP_FREQ=1 LAUNCHER=torchrun WORK=(a temp dir) MAX_TOKENS=(unset: MICRO rows per micro-batch)
-#   BUILD_ONLY=1 (write the model and data into WORK and stop);
+#   BUILD_ONLY=1 (write the model and data into WORK and stop); REWARD=shaped (benchmarks/shaped_reward.py: a
+#   reward the random body earns, so that the weights change every step and each sync carries new ones; default:
+#   the task's exact answer, which a random body never gives: advantages 0, weights unchanged);
 #   extra key=value arguments are passed on.
 # Usage: bash benchmarks/gpu_grpo.sh OUT_DIR [key=value ...]   (PYTHONPATH with verl_mp, vLLM)
 set -euo pipefail
@@ -49,10 +51,15 @@ else:
     save_tiny_qwen2(f"{work}/model", num_kv_heads=2, max_position_embeddings=max_pos, dtype=torch.bfloat16, **body)
 PY
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0  # the model and data in WORK, no run (gpu_session.sh reference)
-moe_args=()
-case "$size" in moe|dsv3*) moe_args=(actor.megatron.expert_model_parallel_size="$nproc") ;; esac
+extra_args=()
+case "$size" in moe|dsv3*) extra_args=(actor.megatron.expert_model_parallel_size="$nproc") ;; esac
 # MAX_TOKENS: token-budget micro-batches (rows sorted by length) instead of MICRO rows each
-[ -n "${MAX_TOKENS:-}" ] && moe_args+=(actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS")
+case "${REWARD:-task}" in
+  task) ;;
+  shaped) extra_args+=("reward.fn_by_source.synthetic_arith=$(cd "$(dirname "$0")" && pwd)/shaped_reward.py:digit_share") ;;
+  *) echo "gpu_grpo.sh: REWARD=${REWARD} is not one of task, shaped" >&2; exit 2 ;;
+esac
+[ -n "${MAX_TOKENS:-}" ] && extra_args+=(actor.max_tokens_per_micro_batch="$MAX_TOKENS" ref.max_tokens_per_micro_batch="$MAX_TOKENS")
 python3 -m verl_mp train --config-name grpo \
   model.path="$work/model" model.dtype="${DTYPE:-bf16}" \
   "data.train_files=[$work/data/train.parquet]" "data.val_files=[$work/data/test.parquet]" \
@@ -64,4 +71,4 @@ python3 -m verl_mp train --config-name grpo \
   rollout.logprob_gap_freq="${GAP_FREQ:-1}" \
   trainer.launcher="${LAUNCHER:-torchrun}" trainer.nproc="$nproc" trainer.total_steps="${STEPS:-4}" trainer.test_freq=0 \
   trainer.val_before_train=false trainer.save_freq=0 trainer.save_final=false trainer.export_hf_at_end=false \
-  trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out" "${moe_args[@]}" "$@"
+  trainer.peak_tflops=989 "trainer.logger=[console,jsonl]" trainer.default_local_dir="$out" "${extra_args[@]}" "$@"

@@ -80,7 +80,8 @@
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
 #                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=16).
-#   sglang W     : issue 38 (W=tests passed on an H100, 2026-12-06; grpo and vllm not yet run); carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
+#   sglang W     : issue 38 (tests, grpo and vllm ran on an H100, 2026-12-06; REWARD=shaped for both grpo and vllm gives a job
+#                  whose weights change every step: benchmarks/gpu_grpo.sh); carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
 #                  has it. W=tests: tests/gpu/test_rollout_sglang_gpu.py (parity after sync at TP1 at both sleep
 #                  levels, sleep/wake memory, SGLangRollout vs a bare sglang.Engine on the same prompts, the 0.5B
