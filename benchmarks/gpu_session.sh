@@ -689,7 +689,8 @@ sglang_grpo() {  # sglang_grpo BACKEND: GRPO on the 0.5B body, 10 steps, log-pro
   python3 - /tmp/sgl_results/grpo_*_metrics.jsonl <<'PY'
 import json, sys
 keys = ("timing/step_s", "timing/generate_tokens_per_s", "timing/generate_engine_tokens_per_s", "timing/weight_sync_s",
-        "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "response_length/mean", "reward/score/mean")
+        "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "response_length/mean", "reward/score/mean",
+        "actor/grad_norm")  # grad_norm 0: the weights did not change (REWARD=task on a random body)
 for path in sys.argv[1:]:
     rows = [json.loads(l) for l in open(path) if l.strip()]
     print(path.rsplit("/", 1)[-1], "| step | " + " | ".join(k.split("/", 1)[1] for k in keys))
