@@ -77,6 +77,8 @@
 #                  sample; generation tokens/s of each (AGENT_STEPS, default 3; AGENT_GRPO=0 skips both, AGENT_SPEED=0 the engine benchmark); ~7-9 min.
 #                  First (AGENT_GRAPHS0=0 skips it) the multi-turn case alone with vLLM's own CUDA-graph range (512
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
+#                  AGENT_LOOP_ADMITS="1 16 1 16" (with AGENT_SPEED=0 AGENT_STEPS=2): only the multi-turn GRPO loop, once per
+#                  value of rollout.multi_turn.admit_every_steps, in turn on one machine (~100 s a run): the loop's own A/B.
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
 #                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=16).
@@ -590,10 +592,33 @@ PY
   # of the random model), then single-turn with max_new_tokens = the multi-turn run's mean model tokens per sample
   # rollout log-probs every step (the default; the sampler's, also in multi-turn since 2026-12-06)
   local common=(SIZE=0.5b STEPS=${AGENT_STEPS:-3} GAP_FREQ=${AGENT_GAP_FREQ:-1} MAX_NEW=1024 MICRO=16)
-  env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" rollout.sampling.max_new_tokens=256 \
-    rollout.multi_turn.enable=true rollout.multi_turn.max_turns=4 rollout.multi_turn.max_total_tokens=1152 \
-    "rollout.multi_turn.tools=[calculator]" rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls \
-    "rollout.sampling.stop_token_ids=[5,6,7]" ${AGENT_MT_ARGS:-} > "$OUT/grpo_multi_turn.log" 2>&1
+  local multi=(rollout.sampling.max_new_tokens=256 rollout.multi_turn.enable=true rollout.multi_turn.max_turns=4
+    rollout.multi_turn.max_total_tokens=1152 "rollout.multi_turn.tools=[calculator]"
+    rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls "rollout.sampling.stop_token_ids=[5,6,7]")
+  if [ -n "${AGENT_LOOP_ADMITS:-}" ]; then  # e.g. "1 16 1 16": the multi-turn loop at each admit_every_steps, in turn
+    # on this machine (the loop's own A/B; only the generate rates, steps 2+), then nothing else
+    local a i=0
+    for a in $AGENT_LOOP_ADMITS; do
+      i=$((i + 1))
+      env "${common[@]}" timeout ${AGENT_LOOP_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" "${multi[@]}" \
+        rollout.multi_turn.admit_every_steps="$a" ${AGENT_MT_ARGS:-} > "$OUT/loop_$i.log" 2>&1
+      echo "multi-turn loop $i (admit every $a) rc=$?"
+      cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_admit${a}_metrics.jsonl" 2>/dev/null
+    done
+    python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
+import json, sys
+print("run | step | generate tok/s | engine s | engine steps | admissions")
+for path in sys.argv[1:]:
+    for r in (json.loads(l) for l in open(path) if l.strip()):
+        print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
+              round(r["timing/generate_engine_s"], 2), int(r["rollout/multi_turn/engine_steps"]),
+              int(r["rollout/multi_turn/engine_admissions"]), sep=" | ")
+PY
+    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log && rm -rf loop_? loop_?.log)
+    return 0
+  fi
+  env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" "${multi[@]}" ${AGENT_MT_ARGS:-} \
+    > "$OUT/grpo_multi_turn.log" 2>&1
   echo "grpo multi-turn rc=$?"; grep -E "run failed|Error|error:" "$OUT/grpo_multi_turn.log" | tail -3 | cut -c1-400
   local mean
   mean=$(python3 - "$OUT/grpo_multi_turn/metrics.jsonl" <<'PY'
