@@ -104,9 +104,10 @@ class MultiTurnConfig:
     beside decoding ones is a mixed batch, which vLLM on CUDA runs with piecewise CUDA
     graphs instead of the full graph of a decode-only step: on an H100 the multi-turn
     steps cost ~2x the single-turn ones (2026-12-06); larger values trade each turn's wait
-    (< this many steps) for more decode-only steps. On an H100 (2026-12-06) 16 made
-    ``benchmarks/multi_turn_speed.py --admit-every`` 1.47x faster but not the GRPO loop
-    (benchmarks/RESULTS.md, "Second GPU pass"), so the default stays 1."""
+    (< this many steps) for more decode-only steps. On H100s (2026-12-06) 16 made
+    ``benchmarks/multi_turn_speed.py --admit-every`` 1.22-1.59x faster; the GRPO loop has
+    not been timed at 1 and 16 on one machine yet (benchmarks/RESULTS.md, "Second GPU pass",
+    "Third GPU pass"), so the default stays 1."""
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers",
