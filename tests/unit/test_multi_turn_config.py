@@ -32,7 +32,7 @@ CASES = [
     ("no tools", ["rollout.multi_turn.tools=[]"], r"rollout.multi_turn.enable=true needs at least one tool"),
     ("zero turns", ["rollout.multi_turn.max_turns=0"], r"rollout.multi_turn.max_turns=0 must be >= 1"),
     ("zero admit interval", ["rollout.multi_turn.admit_every_steps=0"],
-     r"rollout.multi_turn.admit_every_steps=0 must be >= 1"),
+     r"rollout.multi_turn.admit_every_steps=0 must be >= 1, or null for the planner's choice"),
     ("bad timeout", ["rollout.multi_turn.tool_timeout_s=0"], r"rollout.multi_turn.tool_timeout_s=0.0 must be > 0"),
 ]
 

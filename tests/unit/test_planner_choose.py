@@ -145,6 +145,37 @@ def test_rollout_cuda_graph_range_covers_the_steps_one_engine_runs(body, extra, 
     assert cfg.rollout.cudagraph_max_tokens == (600 if "rollout.cudagraph_max_tokens=600" in extra else None)
 
 
+MT = ["data.train_batch_size=64", "actor.ppo_mini_batch_size=64", "rollout.multi_turn.enable=true",
+      "rollout.multi_turn.tools=[calculator]"]
+
+
+@pytest.mark.parametrize("extra, gib, want", [
+    (MT, 140.4, 16),  # a GPU with CUDA graphs: new turns join together (MULTI_TURN_ADMIT_EVERY)
+    ([*MT, "rollout.multi_turn.admit_every_steps=4"], 140.4, 4),  # the run's own setting is kept
+    ([*MT, "rollout.enforce_eager=true"], 140.4, None),  # eager: no full graph to keep, each joins at once (1)
+    (MT, None, None),  # no GPU to plan for (a CPU run): 1
+    ([], 140.4, None),  # single-turn: nothing to admit
+])
+def test_multi_turn_admission_interval(body, extra, gib, want, capsys):
+    cfg = load_config("grpo", [f"model.path={body}", *JOB, *extra])
+    chosen, choices = choose(cfg, read_spec(body), MemoryPlanOptions(gpu_memory_gib=gib) if gib else None)
+    mt = chosen.rollout.multi_turn
+    assert mt.admit_every_steps == want and mt.admit_interval == (want or 1)
+    picked = [c for c in choices if c.key == "rollout.multi_turn.admit_every_steps"]
+    chose = want is not None and "rollout.multi_turn.admit_every_steps=4" not in extra
+    assert [c.value for c in picked] == ([want] if chose else [])
+    assert build_plan(chosen).rollout.multi_turn.admit_interval == (want or 1)  # what the turn loop is told
+    if gib and extra:  # `verl-mp plan` says what the run gets and why
+        from verl_mp.cli import main as cli_main
+
+        assert cli_main(["plan", "--config-name", "grpo", "--gpu-memory-gib", str(gib), f"model.path={body}",
+                         *JOB, *extra]) == 0
+        out = capsys.readouterr().out
+        line = next(l for l in out.splitlines() if "rollout.multi_turn.admit_every_steps=" in l)
+        assert line.strip().startswith(f"rollout.multi_turn.admit_every_steps={want or 1}:")
+        assert ("set by the run" in line) == ("rollout.multi_turn.admit_every_steps=4" in extra)
+
+
 @pytest.mark.parametrize("enforce_eager, record_routing, capture, cuda, backend, eager", [
     (None, False, "hooks", True, "vllm", False),  # compiled on a GPU
     (None, False, "hooks", False, "vllm", True),  # eager on CPU

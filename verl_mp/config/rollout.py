@@ -97,23 +97,30 @@ class MultiTurnConfig:
     tool_role: str = "tool"
     """Role of tool responses in the chat template's messages (``tool`` for Qwen/Hermes
     templates)."""
-    admit_every_steps: int = 1
+    admit_every_steps: int | None = None
     """New turns (each conversation's next request, once its tool results are back) join the
     engine together at most every this many engine steps (at once when the engine has
     nothing else to run). 1: each joins at the next step. A step that prefills new turns
     beside decoding ones is a mixed batch, which vLLM on CUDA runs with piecewise CUDA
-    graphs instead of the full graph of a decode-only step: on an H100 the multi-turn
-    steps cost ~2x the single-turn ones (2026-12-06); larger values trade each turn's wait
-    (< this many steps) for more decode-only steps. On H100s (2026-12-06) 16 made
-    ``benchmarks/multi_turn_speed.py --admit-every`` 1.22-1.59x faster; the GRPO loop has
-    not been timed at 1 and 16 on one machine yet (benchmarks/RESULTS.md, "Second GPU pass",
-    "Third GPU pass"), so the default stays 1."""
+    graphs instead of the full graph of a decode-only step; larger values trade each turn's
+    wait (< this many steps) for more decode-only steps. None: the planner's choice, 16 for
+    a vLLM rollout with CUDA graphs on a GPU (`verl_mp.planner.choose.MULTI_TURN_ADMIT_EVERY`:
+    on H100s a mixed step cost ~3x a decode-only one and 16 made
+    ``benchmarks/multi_turn_speed.py --admit-every`` 1.22-1.59x faster, benchmarks/RESULTS.md
+    "Second GPU pass", "Third GPU pass"), else 1 (on the CPU, or eager)."""
+
+    @property
+    def admit_interval(self) -> int:
+        """``admit_every_steps`` as the turn loop uses it (None, no plan: 1)."""
+        return self.admit_every_steps or 1
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers",
-                     "admit_every_steps"):
+        for name in ("max_turns", "max_tool_response_tokens", "max_total_tokens", "tool_num_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.multi_turn.{name}={getattr(self, name)} must be >= 1")
+        if self.admit_every_steps is not None and self.admit_every_steps < 1:
+            raise ValueError(f"rollout.multi_turn.admit_every_steps={self.admit_every_steps} must be >= 1, "
+                             "or null for the planner's choice")
         if self.tool_timeout_s <= 0:
             raise ValueError(f"rollout.multi_turn.tool_timeout_s={self.tool_timeout_s} must be > 0")
         for name in ("tool_memory_limit_mb", "tool_cpu_limit_s"):

@@ -13,7 +13,9 @@ On a GPU the rollout's CUDA-graph range is chosen too when unset
 (``rollout.cudagraph_max_tokens``, `cudagraph_tokens`): vLLM replays graphs for steps of up
 to 512 tokens by default but decodes up to 1024 sequences at once on H100/H200, and a
 multi-turn step prefills the next turns beside the decoding ones; a step past the range runs
-without a graph.
+without a graph. So is how often a multi-turn rollout's new turns join the engine
+(``rollout.multi_turn.admit_every_steps``, `MULTI_TURN_ADMIT_EVERY`): grouped, so that most
+steps decode only.
 
 Preflight applies the choices (`plan.yaml` shows them; ``config.yaml`` keeps what the user
 wrote); ``verl-mp plan`` prints them with their reasons.
@@ -54,6 +56,13 @@ VLLM_DECODE_SEQS = {True: 1024, False: 256}
 """vLLM 0.26's default ``max_num_seqs`` for the offline engine, on GPUs of 70 GiB or more (True;
 A100s excepted) and on smaller ones: the most sequences one engine decodes at once. The
 planner's graph ranges stop there for SGLang too (its limit is its KV cache)."""
+MULTI_TURN_ADMIT_EVERY = 16
+"""``rollout.multi_turn.admit_every_steps`` for a vLLM rollout with CUDA graphs. Measured on
+H100s with vLLM 0.26 and the 0.5B body, 512 conversations (benchmarks/RESULTS.md, "Second GPU
+pass", "Third GPU pass"): a step that prefills new turns beside the decoding ones cost ~3x a
+decode-only step (19 against 6.6 ms, from 701 steps with 381 admissions at 1 against 839 with
+37 at 16); 16 made the multi-turn engine benchmark 1.22-1.59x faster on three machines, and
+the GRPO loop 1.03-1.05x on the one machine that ran both. Each turn waits < 16 steps (~0.1 s)."""
 MULTI_TURN_GRAPH_ROOM = 256
 """Tokens above the decoding sequences a multi-turn step's graph leaves for the next turns'
 prefill: each admitted turn prefills its tool response (``max_tool_response_tokens`` or
@@ -86,8 +95,9 @@ def _with_budgets(cfg: RootConfig, budgets: dict[str, int]) -> RootConfig:
 
 
 def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) -> tuple[RootConfig, list[Choice]]:
-    """``cfg`` with the unset micro-batching (and, on a GPU, the rollout's CUDA-graph range)
-    filled in, and what was chosen. ``options`` None: no GPU to plan for."""
+    """``cfg`` with the unset micro-batching (and, on a GPU, the rollout's CUDA-graph range
+    and a multi-turn rollout's admission interval) filled in, and what was chosen.
+    ``options`` None: no GPU to plan for."""
     cfg, choices = _choose_budgets(cfg, spec, options)
     r = cfg.rollout
     eager = r.runs_eager(record_routing=cfg.actor.router_replay == "rollout")
@@ -95,6 +105,14 @@ def choose(cfg: RootConfig, spec: GPTSpec, options: MemoryPlanOptions | None) ->
         tokens, why = cudagraph_tokens(cfg, options.gpu_memory_gib)
         cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, cudagraph_max_tokens=tokens))
         choices.append(Choice("rollout.cudagraph_max_tokens", tokens, why))
+    r = cfg.rollout
+    if options is not None and r.backend == "vllm" and r.multi_turn.enable and r.multi_turn.admit_every_steps is None \
+            and not eager:
+        multi_turn = dataclasses.replace(r.multi_turn, admit_every_steps=MULTI_TURN_ADMIT_EVERY)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(r, multi_turn=multi_turn))
+        choices.append(Choice("rollout.multi_turn.admit_every_steps", MULTI_TURN_ADMIT_EVERY,
+                              "new turns join the engine together: a step that prefills them beside the decoding "
+                              "ones runs without the full CUDA graph (~3x a decode-only step on an H100)"))
     return cfg, choices
 
 
@@ -195,6 +213,11 @@ def render_choices(cfg: RootConfig, spec: GPTSpec, choices: list[Choice]) -> str
         lines.append(f"  rollout.sleep_level={sleep}: set by the run")
     if cfg.rollout.cudagraph_max_tokens is not None and "rollout.cudagraph_max_tokens" not in [c.key for c in choices]:
         lines.append(f"  rollout.cudagraph_max_tokens={cfg.rollout.cudagraph_max_tokens}: set by the run")
+    admit = cfg.rollout.multi_turn.admit_every_steps
+    if cfg.rollout.multi_turn.enable and "rollout.multi_turn.admit_every_steps" not in [c.key for c in choices]:
+        lines.append(f"  rollout.multi_turn.admit_every_steps={admit or 1}: "
+                     + ("set by the run" if admit is not None else "each new turn joins at the next step (no CUDA "
+                        "graphs to keep whole: a CPU run, or vLLM eager)"))
     lines.append(f"  rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization}: vLLM's share of the GPU "
                  "while it generates (the KV cache is the rest of it after the weights; the table shows its tokens)")
     return "\n".join(lines)

@@ -126,7 +126,7 @@ class MultiTurnRollout:
         with vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext() as sampled:
             engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r),
                                     routing == "vllm", sampled)
-            timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_every_steps)
+            timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_interval)
             if state is None:
                 return {}, {}
             if from_sampler:
