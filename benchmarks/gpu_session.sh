@@ -81,7 +81,8 @@
 #                  value of rollout.multi_turn.admit_every_steps, in turn on one machine (~100 s a run): the loop's own A/B.
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
-#                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=16).
+#                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=1; unset, the
+#                  planner's 16 on a GPU since 2026-12-06 evening).
 #   sglang W     : issue 38 (tests, grpo and vllm ran on an H100, 2026-12-06; REWARD=shaped for both grpo and vllm gives a job
 #                  whose weights change every step: benchmarks/gpu_grpo.sh); carry .gpu-sglang + .whl (scripts/gpu-sglang/build.sh .gpu-sglang: one part,
 #                  sglang 0.5.17 on the image's torch 2.11). Installs the kit into ~/sglang0517 unless a warm machine
