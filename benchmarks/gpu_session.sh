@@ -597,7 +597,7 @@ PY
     rollout.multi_turn.max_total_tokens=1152 "rollout.multi_turn.tools=[calculator]"
     rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls "rollout.sampling.stop_token_ids=[5,6,7]")
   if [ -n "${AGENT_LOOP_ADMITS:-}" ]; then  # e.g. "1 16 1 16": the multi-turn loop at each admit_every_steps, in turn
-    # on this machine (the loop's own A/B; only the generate rates, steps 2+), then nothing else
+    # on this machine (the loop's own A/B: each step's generate rate; step 1 warms up), then nothing else
     local a i=0
     for a in $AGENT_LOOP_ADMITS; do
       i=$((i + 1))
