@@ -146,7 +146,7 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   esac
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
   mkdir -p "$res"
-  local runs=("$peer"); [ "$peer" = verl_mp ] && runs=(verl_mp verl_mp_defaults)
+  local runs=("$peer"); [ "$peer" = verl_mp ] && runs=(${VERL_MP_RUNS:-verl_mp verl_mp_defaults})  # VERL_MP_RUNS=verl_mp: tuned only
   # on a machine of its own, verl gets a verl_mp run beside it (ANCHOR_STEPS steps): ratios only within one machine
   [ "$peer" = verl ] && [ -n "${ANCHOR_STEPS:-}" ] && runs=(verl verl_mp_anchor)
   for p in "${runs[@]}"; do
