@@ -62,6 +62,11 @@
 #   peers_trl    : right after peers_verl_mp on the same machine, carry nothing: TRL on the same job.
 #   peers_verl   : right after, carry .gpu-ray: verl on the same job, then the three-way table (compare.py).
 #                  Each peers_* call tars all results so far to $OUT/peers_results.tgz and prints the table.
+#                  PEER_BG=1: verl runs in the background (setsid, PEER_BG_S limit, default 1100 s); the call
+#                  waits PEER_WAIT_S (500) and, if verl is still running, returns: then `peers_wait` (carry
+#                  nothing) waits again, runs the anchor (ANCHOR_STEPS) and prints the table. On 2026-12-06 verl
+#                  with SDPA took 92 s a step on an H200, so its 5 steps do not fit one call.
+#                  VERL_ATTN (benchmarks/peers/verl_args.sh): verl's attention implementation, default sdpa.
 #   logprobs39 W : after `stash`, carry .gpu-vllm/part2 + .whl (issue 39 item 1): rollout log-probs from vLLM's
 #                  sampler (patches/vllm_sampled_logprobs.py). W=test: tests/gpu/test_sampled_logprobs_gpu.py with
 #                  Model Runner V2 (vLLM 0.26's default for a dense model) and with the V1 runner (~3-4 min);
@@ -94,7 +99,7 @@
 #                  docs/rollout.md ("SGLang on the GPU machine").
 # Logs and JSON results go to $OUT; the tables are printed last.
 set -uo pipefail
-phase=${1:?usage: gpu_session.sh stash|sglang tests|grpo|vllm|peers_verl_mp|peers_trl|peers_verl|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|dsv3|reference|profile|demo}
+phase=${1:?usage: gpu_session.sh stash|sglang tests|grpo|vllm|peers_verl_mp|peers_trl|peers_verl|peers_wait|logprobs39 W|agent|grpo21 UTIL|bench14|launchers|memory|main|train|transfer|offpolicy|moe|dsv3|reference|profile|demo}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0
 OUT=${OUT:-/tmp/out}
@@ -150,10 +155,18 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   # on a machine of its own, verl gets a verl_mp run beside it (ANCHOR_STEPS steps): ratios only within one machine
   [ "$peer" = verl ] && [ -n "${ANCHOR_STEPS:-}" ] && runs=(verl verl_mp_anchor)
   for p in "${runs[@]}"; do
-    local limit=${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-}
+    local limit=${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-} rc
     [ "$p" = verl_mp_anchor ] && limit=${ANCHOR_S:-150} job="$job STEPS=$ANCHOR_STEPS"
-    CUDA_VISIBLE_DEVICES=0 timeout "$limit" env $job bash benchmarks/peers/run.sh "$p" "$res/$p"
-    local rc=$?; echo "peer $p rc=$rc"
+    if [ "$p" = verl ] && [ "${PEER_BG:-0}" = 1 ]; then  # verl in the background: its 5 steps may outlast one call
+      rm -f /tmp/peers_verl.rc
+      CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "timeout ${PEER_BG_S:-1100} env $job bash benchmarks/peers/run.sh verl $res/verl; \
+        echo \$? > /tmp/peers_verl.rc" > /tmp/peers_verl_bg.log 2>&1 < /dev/null &
+      wait_verl_bg; rc=$?
+      [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` next (carry nothing)"; return 0; }
+    else
+      CUDA_VISIBLE_DEVICES=0 timeout "$limit" env $job bash benchmarks/peers/run.sh "$p" "$res/$p"; rc=$?
+    fi
+    echo "peer $p rc=$rc"
     grep -E "Error|error:|Traceback" "$res/$p/$p.log" 2>/dev/null | tail -4 | cut -c1-400
     [ "$p" = verl ] && [ "$rc" != 0 ] && { tail -30 "$res/$p/$p.log" | cut -c1-300; break; }  # no anchor for a failed peer
   done
@@ -161,8 +174,34 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_experts_gpu.py \
       > "$OUT/grouped_experts_gpu.log" 2>&1; echo "grouped experts GPU test rc=$?"; tail -2 "$OUT/grouped_experts_gpu.log"
   fi
+  finish_peers
+}
+
+finish_peers() {  # every result so far: the raw files and the table
   tar -C /tmp -czf "$OUT/peers_results.tgz" peers_results
-  python3 benchmarks/peers/compare.py "$res" --json "$OUT/peers_summary.json"
+  python3 benchmarks/peers/compare.py /tmp/peers_results --json "$OUT/peers_summary.json"
+}
+
+wait_verl_bg() {  # until the background verl run ends (its exit status) or PEER_WAIT_S pass (255)
+  local deadline=$((SECONDS + ${PEER_WAIT_S:-500}))
+  while [ ! -e /tmp/peers_verl.rc ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
+  grep -o "Training Progress:[^|]*|[^|]*| [0-9]*/[0-9]* \[[^]]*\]" /tmp/peers_results/verl/verl.log 2>/dev/null | tail -1
+  [ -e /tmp/peers_verl.rc ] || return 255
+  return "$(cat /tmp/peers_verl.rc)"
+}
+
+peers_wait() {  # issue 36, the call after `PEER_BG=1 ... peers_verl`: verl's end, then the anchor and the table
+  export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+  [ -e /tmp/peers_verl_bg.log ] || { echo "no background verl run on this machine"; exit 1; }
+  wait_verl_bg; local rc=$?
+  [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` again"; return 0; }
+  echo "peer verl rc=$rc"
+  if [ "$rc" = 0 ] && [ -n "${ANCHOR_STEPS:-}" ]; then
+    CUDA_VISIBLE_DEVICES=0 timeout "${ANCHOR_S:-150}" env ${PEER_JOB:-} STEPS=$ANCHOR_STEPS \
+      bash benchmarks/peers/run.sh verl_mp_anchor /tmp/peers_results/verl_mp_anchor
+    echo "peer verl_mp_anchor rc=$?"
+  fi
+  finish_peers
 }
 
 bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
@@ -813,6 +852,7 @@ PY
     sed -n '/^shape | skewed/,$p' "$OUT/moe_experts.log" ;;
   demo) shift; run_demo "$@" ;;
   peers_verl_mp|peers_trl|peers_verl) run_peers "${phase#peers_}" ;;
+  peers_wait) peers_wait ;;
   agent) run_agent ;;
   memory)  # planner vs measured engine memory; needs only .whl (megatron-core, omegaconf), no vLLM
     setup_megatron

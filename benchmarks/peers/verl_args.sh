@@ -6,6 +6,11 @@
 # needed: without it the first update at 18432 tokens per micro-batch ran out of memory
 # (2026-12-06: 75.7 GiB allocated by the FSDP worker, benchmarks/RESULTS.md); an H200 needs none.
 # VERL_RECOMPUTE=true|false overrides the choice by the card's memory.
+# Attention: verl defaults to flash_attention_2, and flash-attn has no wheel for the GPU image's torch
+# 2.11 / CUDA 13, so SDPA. With remove padding a micro-batch is one packed row, and transformers 5.10.4
+# gives SDPA a dense block-diagonal mask over it (masking_utils: packed position ids, no causal skip):
+# every micro-batch of L tokens computes all L x L scores. VERL_ATTN=flex_attention (torch's, compiled
+# by transformers, block-sparse over the same mask) is the candidate that skips them; not yet run on a GPU.
 if [ -z "${VERL_RECOMPUTE:-}" ]; then
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
   VERL_RECOMPUTE=false; [ -n "$mib" ] && [ "$mib" -lt 102400 ] && VERL_RECOMPUTE=true
@@ -18,7 +23,7 @@ VERL_ARGS=(
   actor_rollout_ref.model.path="$WORK/model"
   actor_rollout_ref.model.use_remove_padding=true
   actor_rollout_ref.model.enable_gradient_checkpointing="$VERL_RECOMPUTE"
-  +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  +actor_rollout_ref.model.override_config.attn_implementation="${VERL_ATTN:-sdpa}"
   actor_rollout_ref.actor.strategy=fsdp2
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size="$PROMPTS" actor_rollout_ref.actor.ppo_epochs=1
