@@ -193,6 +193,7 @@ wait_verl_bg() {  # until the background verl run ends (its exit status) or PEER
 peers_wait() {  # issue 36, the call after `PEER_BG=1 ... peers_verl`: verl's end, then the anchor and the table
   export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
   [ -e /tmp/peers_verl_bg.log ] || { echo "no background verl run on this machine"; exit 1; }
+  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # as run_peers: each call gets a fresh checkout
   wait_verl_bg; local rc=$?
   [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` again"; return 0; }
   echo "peer verl rc=$rc"
