@@ -158,8 +158,9 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
     local limit=${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-} rc
     [ "$p" = verl_mp_anchor ] && limit=${ANCHOR_S:-150} job="$job STEPS=$ANCHOR_STEPS"
     if [ "$p" = verl ] && [ "${PEER_BG:-0}" = 1 ]; then  # verl in the background: its 5 steps may outlast one call
-      rm -f /tmp/peers_verl.rc
-      CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "timeout ${PEER_BG_S:-1100} env $job bash benchmarks/peers/run.sh verl $res/verl; \
+      # from a copy: the next call replaces this checkout while verl still reads its scripts and reward file
+      rm -rf /tmp/peers_verl.rc /tmp/peers_bg_repo && mkdir -p /tmp/peers_bg_repo && cp -r benchmarks verl_mp patches /tmp/peers_bg_repo/
+      CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "timeout ${PEER_BG_S:-1100} env $job bash /tmp/peers_bg_repo/benchmarks/peers/run.sh verl $res/verl; \
         echo \$? > /tmp/peers_verl.rc" > /tmp/peers_verl_bg.log 2>&1 < /dev/null &
       wait_verl_bg; rc=$?
       [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` next (carry nothing)"; return 0; }
