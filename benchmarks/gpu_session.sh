@@ -130,9 +130,11 @@ install_moe_lib() {  # vLLM's MoE kernels library, left out of the kit: carried 
     || [ -e ~/vllm026/site/vllm/_moe_C_stable_libtorch.abi3.so ] || { echo "no vLLM MoE library: carry .gpu-moe"; exit 1; }
 }
 
+PEERS_RES=/tmp/peers_results  # issue 36's results: outside the checkout, kept while the machine stays up between calls
+
 run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/peers/README.md); results accumulate
-  # in /tmp/peers_results (outside the checkout: kept while the machine stays up between the back-to-back calls)
-  local peer=$1 res=/tmp/peers_results
+  # in $PEERS_RES
+  local peer=$1 res=$PEERS_RES
   case "$peer" in
     verl_mp)  # carry .gpu-peers, or nothing right after peers_verl on the same machine (its /tmp/peers, ~/vllm026)
       setup_python
@@ -155,21 +157,17 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   # on a machine of its own, verl gets a verl_mp run beside it (ANCHOR_STEPS steps): ratios only within one machine
   [ "$peer" = verl ] && [ -n "${ANCHOR_STEPS:-}" ] && runs=(verl verl_mp_anchor)
   for p in "${runs[@]}"; do
-    local limit=${PEER_S:-$([ "$peer" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-} rc
-    [ "$p" = verl_mp_anchor ] && limit=${ANCHOR_S:-150} job="$job STEPS=$ANCHOR_STEPS"
     if [ "$p" = verl ] && [ "${PEER_BG:-0}" = 1 ]; then  # verl in the background: its 5 steps may outlast one call
       # from a copy: the next call replaces this checkout while verl still reads its scripts and reward file
       rm -rf /tmp/peers_verl.rc /tmp/peers_bg_repo && mkdir -p /tmp/peers_bg_repo && cp -r benchmarks verl_mp patches /tmp/peers_bg_repo/
-      CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "timeout ${PEER_BG_S:-1100} env $job bash /tmp/peers_bg_repo/benchmarks/peers/run.sh verl $res/verl; \
+      CUDA_VISIBLE_DEVICES=0 setsid nohup bash -c "timeout ${PEER_BG_S:-1100} env ${PEER_JOB:-} bash /tmp/peers_bg_repo/benchmarks/peers/run.sh verl $res/verl; \
         echo \$? > /tmp/peers_verl.rc" > /tmp/peers_verl_bg.log 2>&1 < /dev/null &
-      wait_verl_bg; rc=$?
+      wait_verl_bg; peer_done verl $?; local rc=$?
       [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` next (carry nothing)"; return 0; }
+      [ "$rc" = 0 ] || break
     else
-      CUDA_VISIBLE_DEVICES=0 timeout "$limit" env $job bash benchmarks/peers/run.sh "$p" "$res/$p"; rc=$?
+      run_peer "$p" "$peer" || break
     fi
-    echo "peer $p rc=$rc"
-    grep -E "Error|error:|Traceback" "$res/$p/$p.log" 2>/dev/null | tail -4 | cut -c1-400
-    [ "$p" = verl ] && [ "$rc" != 0 ] && { tail -30 "$res/$p/$p.log" | cut -c1-300; break; }  # no anchor for a failed peer
   done
   if [ "$peer" = verl_mp ] && [ "${GROUPED_GPU_TEST:-1}" = 1 ]; then  # the grouped experts' padding and custom backward, not yet run on a GPU (2026-12-03)
     CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_grouped_experts_gpu.py \
@@ -178,31 +176,42 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
   finish_peers
 }
 
+run_peer() {  # run_peer P [CALLED_AS]: one system's run.sh in the foreground, then peer_done
+  local p=$1 limit=${PEER_S:-$([ "${2:-$1}" = verl_mp ] && echo 250 || echo 520)} job=${PEER_JOB:-}
+  [ "$p" = verl_mp_anchor ] && limit=${ANCHOR_S:-150} job="$job STEPS=$ANCHOR_STEPS"
+  CUDA_VISIBLE_DEVICES=0 timeout "$limit" env $job bash benchmarks/peers/run.sh "$p" "$PEERS_RES/$p"
+  peer_done "$p" $?
+}
+
+peer_done() {  # peer_done P RC: its status and errors; returns RC (255: still running), non-zero stops the runs after it
+  local p=$1 rc=$2 log=$PEERS_RES/$1/$1.log
+  [ "$rc" = 255 ] && return 255
+  echo "peer $p rc=$rc"
+  grep -E "Error|error:|Traceback" "$log" 2>/dev/null | tail -4 | cut -c1-400
+  [ "$p" = verl ] && [ "$rc" != 0 ] && { tail -30 "$log" | cut -c1-300; return "$rc"; }  # no anchor for a failed peer
+  return 0
+}
+
 finish_peers() {  # every result so far: the raw files and the table
-  tar -C /tmp -czf "$OUT/peers_results.tgz" peers_results
-  python3 benchmarks/peers/compare.py /tmp/peers_results --json "$OUT/peers_summary.json"
+  tar -C "$(dirname "$PEERS_RES")" -czf "$OUT/peers_results.tgz" "$(basename "$PEERS_RES")"
+  python3 benchmarks/peers/compare.py "$PEERS_RES" --json "$OUT/peers_summary.json"
 }
 
 wait_verl_bg() {  # until the background verl run ends (its exit status) or PEER_WAIT_S pass (255)
   local deadline=$((SECONDS + ${PEER_WAIT_S:-500}))
   while [ ! -e /tmp/peers_verl.rc ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
-  grep -o "Training Progress:[^|]*|[^|]*| [0-9]*/[0-9]* \[[^]]*\]" /tmp/peers_results/verl/verl.log 2>/dev/null | tail -1
+  grep -o "Training Progress:[^|]*|[^|]*| [0-9]*/[0-9]* \[[^]]*\]" "$PEERS_RES/verl/verl.log" 2>/dev/null | tail -1
   [ -e /tmp/peers_verl.rc ] || return 255
   return "$(cat /tmp/peers_verl.rc)"
 }
 
 peers_wait() {  # issue 36, the call after `PEER_BG=1 ... peers_verl`: verl's end, then the anchor and the table
-  export PYTHONPATH=/tmp/site:$HOME/vllm026/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
   [ -e /tmp/peers_verl_bg.log ] || { echo "no background verl run on this machine"; exit 1; }
-  [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # as run_peers: each call gets a fresh checkout
-  wait_verl_bg; local rc=$?
+  setup_python  # installed by the call before (megatron, vLLM): only the paths and the patches link here
+  wait_verl_bg
+  peer_done verl $?; local rc=$?
   [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` again"; return 0; }
-  echo "peer verl rc=$rc"
-  if [ "$rc" = 0 ] && [ -n "${ANCHOR_STEPS:-}" ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout "${ANCHOR_S:-150}" env ${PEER_JOB:-} STEPS=$ANCHOR_STEPS \
-      bash benchmarks/peers/run.sh verl_mp_anchor /tmp/peers_results/verl_mp_anchor
-    echo "peer verl_mp_anchor rc=$?"
-  fi
+  [ "$rc" = 0 ] && [ -n "${ANCHOR_STEPS:-}" ] && run_peer verl_mp_anchor
   finish_peers
 }
 

@@ -64,7 +64,7 @@ def main() -> None:
     cfg = body(args.layers)
     state = Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="eager").state_dict()
     models = {}
-    for impl in args.impls + ["sdpa"]:
+    for impl in dict.fromkeys([*args.impls, "sdpa"]):  # SDPA also runs the sequences one by one
         models[impl] = Qwen2ForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=impl).eval()
         models[impl].load_state_dict(state)
     results = []
