@@ -149,7 +149,12 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
       [ -d /tmp/peers/site ] || bash $kits/.gpu-peers/peers-kit/install.sh $kits/.gpu-peers/peers-kit /tmp/peers \
         > "$OUT/peers_install.log" 2>&1 || { tail -5 "$OUT/peers_install.log"; exit 1; }
       bash $kits/.gpu-ray/ray-kit/install.sh $kits/.gpu-ray/ray-kit /tmp/raysite > "$OUT/ray_install.log" 2>&1 \
-        || { tail -5 "$OUT/ray_install.log"; exit 1; } ;;
+        || { tail -5 "$OUT/ray_install.log"; exit 1; }
+      case " ${PEER_JOB:-} " in *" VERL_ATTN=varlen "*)  # the kernel against SDPA, and its time on one micro-batch
+        CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/peers/verl_attn/check_gpu.py > "$OUT/varlen_check.log" 2>&1
+        local crc=$?; tail -1 "$OUT/varlen_check.log" | cut -c1-1200
+        [ "$crc" = 0 ] || { echo "varlen check rc=$crc: verl not started"; tail -8 "$OUT/varlen_check.log" | cut -c1-300; exit 1; } ;;
+      esac ;;
   esac
   [ -e verl_mp/patches ] || ln -s ../patches verl_mp/patches  # the editable install maps it; here no install
   mkdir -p "$res"

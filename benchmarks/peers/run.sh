@@ -86,7 +86,8 @@ case "$peer" in
       case $(basename "$entry") in trl|trl-*) ;; *) ln -s "$entry" "$view/" ;; esac
     done
     # verl starts Ray itself; its file logger writes one JSON line per step
-    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$VERL_TF_SITE:$view:$RAY_SITE:$VLLM_SITE:$repo \
+    attn=""; [ "${VERL_ATTN:-}" = varlen ] && attn="$HERE/verl_attn:"  # its sitecustomize registers peer_varlen
+    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$attn$VERL_TF_SITE:$view:$RAY_SITE:$VLLM_SITE:$repo \
       "$PY" -m verl.trainer.main_ppo "${VERL_ARGS[@]}" > "$out/verl.log" 2>&1 ;;
   trl)
     export VLLM_ENABLE_V1_MULTIPROCESSING=0

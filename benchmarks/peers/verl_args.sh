@@ -13,6 +13,9 @@
 # by transformers, block-sparse over the same mask) is the candidate that skips them; not yet run on a GPU.
 # On the CPU (forward only; flex has no CPU backward), transformers 5.19 compiled it twice and then not
 # again across 12 training/eval flips and packed lengths of 193-1351 tokens (2026-12-06).
+# VERL_ATTN=varlen: torch's own flash-attention varlen kernel over the packed row (FlashAttention-2, the
+# kernel family of verl's default), registered with transformers as `peer_varlen` by verl_attn/ (run.sh puts
+# it on PYTHONPATH; verl_attn/check_gpu.py checks it against SDPA first). The closest stand-in for verl's default.
 if [ -z "${VERL_RECOMPUTE:-}" ]; then
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
   VERL_RECOMPUTE=false; [ -n "$mib" ] && [ "$mib" -lt 102400 ] && VERL_RECOMPUTE=true
@@ -25,7 +28,7 @@ VERL_ARGS=(
   actor_rollout_ref.model.path="$WORK/model"
   actor_rollout_ref.model.use_remove_padding=true
   actor_rollout_ref.model.enable_gradient_checkpointing="$VERL_RECOMPUTE"
-  +actor_rollout_ref.model.override_config.attn_implementation="${VERL_ATTN:-sdpa}"
+  +actor_rollout_ref.model.override_config.attn_implementation="$([ "${VERL_ATTN:-}" = varlen ] && echo peer_varlen || echo "${VERL_ATTN:-sdpa}")"
   actor_rollout_ref.actor.strategy=fsdp2
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size="$PROMPTS" actor_rollout_ref.actor.ppo_epochs=1
