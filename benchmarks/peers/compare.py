@@ -6,7 +6,8 @@ RESULTS_DIR holds one folder per system as `run.sh PEER RESULTS_DIR/PEER` writes
 verl, trl). Per system: steps completed, the median over steps 2.. of the step time, generated
 tokens per step and their rate over the generation phase, trained tokens (prompt + response) per
 second of step, the phases each system logs, peak device memory (nvidia-smi, the whole GPU), the
-rollout-vs-trainer gap as each logs it (|d log p| for verl_mp and TRL, |d p| for verl_mp and verl),
+rollout-vs-trainer gap as each logs it (|d log p| for verl_mp and TRL, |d p| for verl_mp and verl; the
+median over steps of each step's max beside the worst step's, since runs differ in steps),
 and verl_mp's step throughput over each peer's.
 """
 
@@ -119,8 +120,10 @@ def summarise(d: Path) -> dict | None:
         "phases_s": {k: _med(v) for k, v in phases.items()},
         "peak_gpu_gib": _peak_mem_gib(d),
         "lp_gap_max": max((r["lp_gap_max"] for r in rows if r["lp_gap_max"] is not None), default=None),
+        "lp_gap_step_max_median": _med(r["lp_gap_max"] for r in rows),
         "lp_gap_mean": _med(r["lp_gap_mean"] for r in rows),
         "p_gap_max": max((r["p_gap_max"] for r in rows if r["p_gap_max"] is not None), default=None),
+        "p_gap_step_max_median": _med(r["p_gap_max"] for r in rows),
         "p_gap_mean": _med(r["p_gap_mean"] for r in rows),
     }
 
@@ -129,11 +132,22 @@ def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def _gap(s: dict, kind: str) -> str:
+    step_max, worst, mean = s[f"{kind}_gap_step_max_median"], s[f"{kind}_gap_max"], s[f"{kind}_gap_mean"]
+    if step_max is None and mean is None:
+        return "-"
+    return f"{_fmt(step_max, '.3g')}, {_fmt(worst, '.3g')} / {_fmt(mean, '.2g')}"
+
+
 def table(summaries: list[dict]) -> str:
-    base = next((s for s in summaries if s["peer"] == "verl_mp"), None)
+    # the ratio's base: verl_mp's tuned run, or its anchor run beside a peer on a machine of their own
+    base = next((s for s in summaries if s["peer"] == "verl_mp"), None) or next(
+        (s for s in summaries if s["peer"] == "verl_mp_anchor"), None)
+    # the gap's max is an extreme over every token of a step: the median over steps of each step's max compares
+    # runs of different step counts; the worst step follows it
     head = ("| system | steps | step s (median 2..) | generated tok/step | generate s | generated tok/s | "
-            "trained tok/s | phases s (median) | peak GPU GiB | \\|d log p\\| max / mean | \\|d p\\| max / mean | "
-            "verl_mp step throughput / this |")
+            "trained tok/s | phases s (median) | peak GPU GiB | \\|d log p\\| max (median step, worst) / mean | "
+            "\\|d p\\| max (median step, worst) / mean | verl_mp step throughput / this |")
     lines = [head, "|" + "---|" * 12]
     for s in summaries:
         ratio = (base["trained_tokens_per_s"] / s["trained_tokens_per_s"]
@@ -142,8 +156,7 @@ def table(summaries: list[dict]) -> str:
         lines.append(
             f"| {s['peer']} | {s['steps']} | {_fmt(s['step_s'], '.2f')} | {_fmt(s['gen_tokens_per_step'], ',.0f')} | "
             f"{_fmt(s['gen_s'], '.2f')} | {_fmt(s['gen_tokens_per_s'], ',.0f')} | {_fmt(s['trained_tokens_per_s'], ',.0f')} | "
-            f"{phases} | {_fmt(s['peak_gpu_gib'], '.1f')} | {_fmt(s['lp_gap_max'], '.3g')} / {_fmt(s['lp_gap_mean'], '.2g')} | "
-            f"{_fmt(s['p_gap_max'], '.3g')} / {_fmt(s['p_gap_mean'], '.2g')} | {_fmt(ratio, '.2f')} |")
+            f"{phases} | {_fmt(s['peak_gpu_gib'], '.1f')} | {_gap(s, 'lp')} | {_gap(s, 'p')} | {_fmt(ratio, '.2f')} |")
     return "\n".join(lines)
 
 

@@ -54,12 +54,25 @@ def test_verl_mp_summary_and_the_ratio(compare):
     steady = sorted(r["timing/step_s"] for r in rows if r["step"] >= 2)
     assert base["step_s"] == pytest.approx((steady[1] + steady[2]) / 2)  # median of steps 2-5
     assert base["lp_gap_max"] == max(r["rollout/logprob_diff_max"] for r in rows)
+    # the median over the 5 steps of each step's max: step 2's 0.0080 is the worst, not the typical step
+    step_max = sorted(r["rollout/prob_diff_max"] for r in rows)
+    assert base["p_gap_step_max_median"] == step_max[2] == pytest.approx(0.004534, abs=1e-6)
+    assert base["p_gap_max"] == step_max[-1] == pytest.approx(0.008014, abs=1e-6)
     peer = compare.summarise(RUN / "verl")
     table = compare.table([base, peer])
     verl_row = next(line for line in table.splitlines() if line.startswith("| verl |"))
     ratio = base["trained_tokens_per_s"] / peer["trained_tokens_per_s"]
     assert ratio == pytest.approx(8.94, abs=0.01)
     assert verl_row.rstrip().endswith(f"| {ratio:.2f} |")
+    assert "| 0.00421, 0.00444 / 0.00011 |" in verl_row  # verl's 2 steps: median of 0.00398 and 0.00444
+
+
+def test_the_anchor_is_the_base_when_verl_mp_did_not_run_here(compare):
+    """On a machine of their own, verl and the verl_mp anchor beside it: the ratio is against the anchor."""
+    anchor = dict(compare.summarise(RUN / "verl_mp"), peer="verl_mp_anchor")
+    peer = compare.summarise(RUN / "verl")
+    verl_row = next(line for line in compare.table([anchor, peer]).splitlines() if line.startswith("| verl |"))
+    assert verl_row.rstrip().endswith(f"| {anchor['trained_tokens_per_s'] / peer['trained_tokens_per_s']:.2f} |")
 
 
 def test_a_folder_without_a_run_is_left_out(compare, tmp_path):
