@@ -63,10 +63,12 @@
 #   peers_verl   : right after, carry .gpu-ray: verl on the same job, then the three-way table (compare.py).
 #                  Each peers_* call tars all results so far to $OUT/peers_results.tgz and prints the table.
 #                  PEER_BG=1: verl runs in the background (setsid, PEER_BG_S limit, default 1100 s); the call
-#                  waits PEER_WAIT_S (500) and, if verl is still running, returns: then `peers_wait` (carry
+#                  waits until the call's 560th s (PEER_WAIT_UNTIL) and, if verl is still running, returns: then `peers_wait` (carry
 #                  nothing) waits again, runs the anchor (ANCHOR_STEPS) and prints the table. On 2026-12-06 verl
 #                  with SDPA took 92 s a step on an H200, so its 5 steps do not fit one call.
-#                  VERL_ATTN (benchmarks/peers/verl_args.sh): verl's attention implementation, default sdpa.
+#                  With ANCHOR_STEPS the anchor runs in the same call when verl ends early enough.
+#                  VERL_ATTN (benchmarks/peers/verl_args.sh): verl's attention implementation, default sdpa; varlen: torch's
+#                  flash varlen kernel (benchmarks/peers/verl_attn/, checked by its check_gpu.py first in the call).
 #   logprobs39 W : after `stash`, carry .gpu-vllm/part2 + .whl (issue 39 item 1): rollout log-probs from vLLM's
 #                  sampler (patches/vllm_sampled_logprobs.py). W=test: tests/gpu/test_sampled_logprobs_gpu.py with
 #                  Model Runner V2 (vLLM 0.26's default for a dense model) and with the V1 runner (~3-4 min);
@@ -170,6 +172,7 @@ run_peers() {  # issue 36: one system on the peer benchmark's job (benchmarks/pe
       wait_verl_bg; peer_done verl $?; local rc=$?
       [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` next (carry nothing)"; return 0; }
       [ "$rc" = 0 ] || break
+      anchor_fits || { finish_peers; return 0; }
     else
       run_peer "$p" "$peer" || break
     fi
@@ -202,8 +205,8 @@ finish_peers() {  # every result so far: the raw files and the table
   python3 benchmarks/peers/compare.py "$PEERS_RES" --json "$OUT/peers_summary.json"
 }
 
-wait_verl_bg() {  # until the background verl run ends (its exit status) or PEER_WAIT_S pass (255)
-  local deadline=$((SECONDS + ${PEER_WAIT_S:-500}))
+wait_verl_bg() {  # until the background verl run ends (its exit status) or the call reaches PEER_WAIT_UNTIL s (255)
+  local deadline=${PEER_WAIT_UNTIL:-560}  # of this call's 600 s (SECONDS counts from the script's start)
   while [ ! -e /tmp/peers_verl.rc ] && [ $SECONDS -lt $deadline ]; do sleep 5; done
   grep -o "Training Progress:[^|]*|[^|]*| [0-9]*/[0-9]* \[[^]]*\]" "$PEERS_RES/verl/verl.log" 2>/dev/null | tail -1
   [ -e /tmp/peers_verl.rc ] || return 255
@@ -216,8 +219,13 @@ peers_wait() {  # issue 36, the call after `PEER_BG=1 ... peers_verl`: verl's en
   wait_verl_bg
   peer_done verl $?; local rc=$?
   [ "$rc" = 255 ] && { finish_peers; echo "verl still running: call \`peers_wait\` again"; return 0; }
-  [ "$rc" = 0 ] && [ -n "${ANCHOR_STEPS:-}" ] && run_peer verl_mp_anchor
+  [ "$rc" = 0 ] && [ -n "${ANCHOR_STEPS:-}" ] && anchor_fits && run_peer verl_mp_anchor
   finish_peers
+}
+
+anchor_fits() {  # verl ended within this call: its anchor (ANCHOR_STEPS) runs here if it fits the call's 600 s
+  [ -z "${ANCHOR_STEPS:-}" ] || [ $((SECONDS + ${ANCHOR_S:-150})) -lt 585 ] && return 0
+  echo "verl done; its anchor (${ANCHOR_S:-150} s) does not fit this call: \`peers_wait\` next runs it"; return 1
 }
 
 bench() {  # bench SIZE NGPU [CUDA_VISIBLE_DEVICES]: both sync modes, one process
