@@ -5,7 +5,7 @@ ways: this kernel, transformers' SDPA with the dense block-diagonal mask (verl's
 and the sequences one by one through SDPA's causal flash path. Prints one JSON line; exit 1 if the
 values disagree.
 
-    python3 benchmarks/peers/verl_attn/check_gpu.py [--tokens 36864] [--layers 28]
+    python3 benchmarks/peers/verl_attn/check_gpu.py [--tokens 36864] [--layers 28] [--device cpu]
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_varlen  # noqa: E402
 
 HQ, HKV, DIM = 12, 2, 128  # Qwen2-1.5B
+DEVICE = "cuda"  # --device cpu: a dry run of this script (the kernel path is then SDPA per segment)
 
 
 def packed(lengths, dtype, gen):
     total = sum(lengths)
-    q = torch.randn(1, HQ, total, DIM, generator=gen, device="cuda", dtype=dtype)
-    k = torch.randn(1, HKV, total, DIM, generator=gen, device="cuda", dtype=dtype)
-    v = torch.randn(1, HKV, total, DIM, generator=gen, device="cuda", dtype=dtype)
-    pos = torch.cat([torch.arange(n, device="cuda") for n in lengths]).unsqueeze(0)
+    q = torch.randn(1, HQ, total, DIM, generator=gen, device=DEVICE, dtype=dtype)
+    k = torch.randn(1, HKV, total, DIM, generator=gen, device=DEVICE, dtype=dtype)
+    v = torch.randn(1, HKV, total, DIM, generator=gen, device=DEVICE, dtype=dtype)
+    pos = torch.cat([torch.arange(n, device=DEVICE) for n in lengths]).unsqueeze(0)
     return q, k, v, pos
 
 
@@ -46,12 +47,17 @@ def one_by_one(q, k, v, lengths):
 
 def dense_block_mask(q, k, v, lengths):
     """transformers 5.10.4's SDPA path on a packed row: a (T, T) boolean mask, causal within a segment."""
-    seg = torch.cat([torch.full((n,), i, device="cuda") for i, n in enumerate(lengths)])
-    idx = torch.arange(len(seg), device="cuda")
+    seg = torch.cat([torch.full((n,), i, device=DEVICE) for i, n in enumerate(lengths)])
+    idx = torch.arange(len(seg), device=DEVICE)
     mask = (seg[:, None] == seg[None, :]) & (idx[:, None] >= idx[None, :])
     groups = HQ // HKV
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None]).transpose(1, 2)
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def fwd_bwd_seconds(fn, q, k, v, repeats=3):
@@ -59,11 +65,11 @@ def fwd_bwd_seconds(fn, q, k, v, repeats=3):
         t.requires_grad_(True)
     times = []
     for _ in range(repeats + 1):
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         out = fn(q, k, v)
         out.float().square().mean().backward()
-        torch.cuda.synchronize()
+        _sync()
         times.append(time.perf_counter() - t0)
         q.grad = k.grad = v.grad = None
     return sorted(times[1:])[len(times[1:]) // 2]
@@ -73,9 +79,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=36864, help="one packed micro-batch (verl's 2 x budget)")
     ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    result = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
+    global DEVICE
+    DEVICE = args.device
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (dry run)"
+    result = {"torch": torch.__version__, "device": name}
 
     # values: varlen kernel vs SDPA one by one, forward and gradients
     lengths = [300, 1024, 77, 1, 2000, 513]
@@ -115,7 +125,8 @@ def main() -> None:
             per_micro_batch[key] = round(fwd_bwd_seconds(fn, q, k, v) * args.layers, 3)
         except torch.OutOfMemoryError:
             per_micro_batch[key] = "out of memory"
-        torch.cuda.empty_cache()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     result.update(
         tokens=total, sequences=len(lengths), layers=args.layers,
         attention_fwd_bwd_s_per_micro_batch=per_micro_batch, ok=ok,
