@@ -15,6 +15,7 @@ tests compare against a per-sequence reference.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 
@@ -46,6 +47,8 @@ def _segments(position_ids: torch.Tensor | None, valid: torch.Tensor | None, bat
     flat_valid = valid.reshape(-1)
     flat_starts = starts.reshape(-1)[flat_valid]
     total = int(flat_valid.sum())
+    if total == flat_valid.numel():
+        flat_valid = None  # no padding: the tokens are taken as they lie, without boolean indexing (a host sync each)
     idx = torch.nonzero(flat_starts).flatten()
     cu = torch.cat([idx, torch.tensor([total], device=device)]).to(torch.int32)
     lengths = cu[1:] - cu[:-1]
@@ -77,6 +80,7 @@ def _same(ref, tensor) -> bool:
     return ref() is tensor
 
 
+@functools.cache
 def _kernel_accepts(name: str) -> bool:
     from torch.nn.attention import varlen
 
@@ -109,7 +113,8 @@ def varlen_attention_forward(
     cu, max_len, flat_valid = _cached_segments(kwargs.get("position_ids"), attention_mask, batch, length, query.device)
 
     def flat(t):  # (B, H, T, D) -> (valid tokens, H, D)
-        return t.transpose(1, 2).reshape(batch * length, t.shape[1], dim)[flat_valid]
+        t = t.transpose(1, 2).reshape(batch * length, t.shape[1], dim)
+        return t if flat_valid is None else t[flat_valid]
 
     q, k, v = flat(query), flat(key), flat(value)
     groups = heads // k.shape[1]
@@ -131,6 +136,8 @@ def varlen_attention_forward(
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling, enable_gqa=groups > 1)
             parts.append(o.squeeze(0).transpose(0, 1))
         out = torch.cat(parts) if parts else q.new_zeros(0, heads, dim)
+    if flat_valid is None:
+        return out.reshape(batch, length, heads, dim), None
     full = out.new_zeros(batch * length, heads, dim)
     full[flat_valid] = out
     return full.view(batch, length, heads, dim), None
