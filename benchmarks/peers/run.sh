@@ -86,8 +86,8 @@ case "$peer" in
       case $(basename "$entry") in trl|trl-*) ;; *) ln -s "$entry" "$view/" ;; esac
     done
     # verl starts Ray itself; its file logger writes one JSON line per step
-    attn=""; [ "${VERL_ATTN:-}" = varlen ] && attn="$HERE/verl_attn:"  # its sitecustomize registers peer_varlen
-    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$attn$VERL_TF_SITE:$view:$RAY_SITE:$VLLM_SITE:$repo \
+    # VERL_ATTN_PATH (verl_args.sh): verl_attn/ for VERL_ATTN=varlen, whose sitecustomize registers peer_varlen
+    VERL_FILE_LOGGER_PATH="$out/metrics.jsonl" PYTHONPATH=$VERL_ATTN_PATH$VERL_TF_SITE:$view:$RAY_SITE:$VLLM_SITE:$repo \
       "$PY" -m verl.trainer.main_ppo "${VERL_ARGS[@]}" > "$out/verl.log" 2>&1 ;;
   trl)
     export VLLM_ENABLE_V1_MULTIPROCESSING=0

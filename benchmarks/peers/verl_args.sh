@@ -1,7 +1,7 @@
 # verl 0.9.1's GRPO trainer (FSDP2 actor + reference, vLLM rollout) on the peer benchmark's job,
 # configured as verl's performance guide recommends for speed on one GPU (README.md here says
 # which key follows which advice). Sourced by run.sh: expects WORK, OUT, PROMPTS, N, MAX_NEW,
-# STEPS, UTIL, MAX_TOKENS, IGNORE_EOS, HERE; sets VERL_ARGS.
+# STEPS, UTIL, MAX_TOKENS, IGNORE_EOS, HERE; sets VERL_ARGS and VERL_ATTN_PATH.
 # Gradient checkpointing: verl's guide says recompute only as needed. On an 80 GB H100 it is
 # needed: without it the first update at 18432 tokens per micro-batch ran out of memory
 # (2026-12-06: 75.7 GiB allocated by the FSDP worker, benchmarks/RESULTS.md); an H200 needs none.
@@ -16,6 +16,9 @@
 # VERL_ATTN=varlen: torch's own flash-attention varlen kernel over the packed row (FlashAttention-2, the
 # kernel family of verl's default), registered with transformers as `peer_varlen` by verl_attn/ (run.sh puts
 # it on PYTHONPATH; verl_attn/check_gpu.py checks it against SDPA first). The closest stand-in for verl's default.
+# Sets VERL_ATTN_PATH: the PYTHONPATH prefix the chosen attention needs (empty but for varlen).
+VERL_ATTN_IMPL=${VERL_ATTN:-sdpa} VERL_ATTN_PATH=""
+if [ "$VERL_ATTN_IMPL" = varlen ]; then VERL_ATTN_IMPL=peer_varlen VERL_ATTN_PATH="$HERE/verl_attn:"; fi
 if [ -z "${VERL_RECOMPUTE:-}" ]; then
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
   VERL_RECOMPUTE=false; [ -n "$mib" ] && [ "$mib" -lt 102400 ] && VERL_RECOMPUTE=true
@@ -28,7 +31,7 @@ VERL_ARGS=(
   actor_rollout_ref.model.path="$WORK/model"
   actor_rollout_ref.model.use_remove_padding=true
   actor_rollout_ref.model.enable_gradient_checkpointing="$VERL_RECOMPUTE"
-  +actor_rollout_ref.model.override_config.attn_implementation="$([ "${VERL_ATTN:-}" = varlen ] && echo peer_varlen || echo "${VERL_ATTN:-sdpa}")"
+  +actor_rollout_ref.model.override_config.attn_implementation="$VERL_ATTN_IMPL"
   actor_rollout_ref.actor.strategy=fsdp2
   actor_rollout_ref.actor.optim.lr=1e-6
   actor_rollout_ref.actor.ppo_mini_batch_size="$PROMPTS" actor_rollout_ref.actor.ppo_epochs=1
