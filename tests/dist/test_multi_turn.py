@@ -56,6 +56,33 @@ def test_token_in_token_out(model_dir, tmp_path, tp, rtp, admit):
     assert r["hf_gap"] <= TOL, r["hf_gap"]
 
 
+CARRY_LAYOUTS = [(2, 2), (2, 1)]
+"""(train TP, rollout TP) on 2 ranks: one vLLM engine at TP2 (both ranks abort the same turns);
+two at TP1 (DP2: the engines agree when enough groups are complete)."""
+
+
+@pytest.mark.parametrize("tp,rtp", CARRY_LAYOUTS, ids=[f"tp{t}_rollout_tp{r}" for t, r in CARRY_LAYOUTS])
+def test_carry_over_cuts_at_turn_boundaries_and_goes_on(model_dir, tmp_path, tp, rtp):
+    """``rollout.multi_turn.carry_over``: four generations of 6 prompt groups, each taking the
+    first 3 complete ones and cutting the rest, with an update and a sync between them
+    (`multi_turn_checks.carry`): cut conversations go on unchanged, every new model token is
+    an engine output of that generation (mask 1, log-prob within 1e-4 of the trainer's
+    current weights in fp32), and a group cut twice is taken next."""
+    out = tmp_path / "r.json"
+    launch_local(PROG, 2, ["--model", model_dir, "--mode", "carry", "--tp", tp, "--rollout-tp", rtp, "--out", out],
+                 module=False, timeout_s=500, capture_output=True, env=ENV)
+    r = json.loads(out.read_text())
+    rounds = r["rounds"]
+    assert [x["carried_in_groups"] for x in rounds] == [0, 3, 3, 3], rounds
+    assert all(x["carried_out_groups"] == 3 for x in rounds), rounds
+    assert sum(x["cut_conversations"] for x in rounds) > 0 and sum(x["aborted_turns"] for x in rounds) > 0, rounds
+    assert sum(x["tool_tokens"] for x in rounds) > 50, rounds  # conversations went on after tools
+    assert r["checked"] == 4 * 6 * 2, r  # every conversation of every generation, taken or cut
+    assert r["carried_checked"] >= 3 * 3 * 2, r
+    assert r["required"] >= 1 and r["required_taken"], r
+    assert r["gap"] <= TOL, r["gap"]
+
+
 def test_bad_tool_calls_are_fed_back_and_counted(model_dir, tmp_path):
     out = tmp_path / "r.json"
     launch_local(PROG, 1, ["--model", model_dir, "--mode", "bad", "--max-total", 96, "--out", out],

@@ -113,6 +113,40 @@ def test_multi_turn_resume_with_conversations_in_flight_is_exact(split_runs):
             assert b[step][key] == value, (step, key, value, b[step][key])
 
 
+CARRY = ["rollout.multi_turn.carry_over=true", "rollout.multi_turn.carry_max_steps=1",
+         "algorithm.rollout_correction.is_level=token", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=3"]
+
+
+def test_multi_turn_carry_over_trains_and_resumes_exactly(tiny_run_inputs, tmp_path):
+    """``rollout.multi_turn.carry_over`` through the CLI (GRPO, torchrun, colocated): each step
+    takes 8 complete prompt groups out of 12 in flight and carries the other 4 (cut at a turn
+    boundary) into the next step's generation, where they must finish (carry_max_steps=1);
+    their older tokens reach the rollout correction; validation runs its prompts to the end.
+    A run resumed from step 1's checkpoint (4 groups carried) logs exactly steps 2-3."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ["--config-name", "grpo", *base_overrides(tiny_run_inputs, a, "torchrun", steps=3), *MULTI_TURN, *CARRY]
+    run_cli(args)
+    run_cli([x.replace(str(a), str(b)) for x in args] + [f"trainer.resume_mode={a / 'checkpoints' / 'global_step_1'}"])
+    rows = _steps(a)
+    assert set(rows) == {0, 1, 2, 3}
+    for step in (1, 2, 3):
+        m = rows[step]
+        assert m["rollout/multi_turn/carried_in_groups"] == (0 if step == 1 else 4), (step, m)
+        assert m["rollout/multi_turn/carried_out_groups"] == 4 and m["rollout/multi_turn/tool_calls"] > 0, (step, m)
+        assert m["rollout/logprob_diff_max"] < 1e-4, (step, m)  # the samples of the current weights
+        assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
+    assert rows[1]["rollout/staleness_max"] == 0
+    for step in (2, 3):  # the carried groups (sampled partly by the weights before the last update) were taken
+        assert rows[step]["rollout/staleness_max"] == 1.0 and rows[step]["rollout_corr/ratio_max"] != 1.0, rows[step]
+    assert rows[2]["val/multi_turn/turns_per_conversation"] >= 1.0
+    ra, rb = _steps(a, drop_volatile=True), _steps(b, drop_volatile=True)
+    assert set(rb) == {2, 3}
+    for step in (2, 3):
+        assert ra[step].keys() == rb[step].keys()
+        for key, value in ra[step].items():
+            assert rb[step][key] == value, (step, key, value, rb[step][key])
+
+
 def test_multi_turn_ppo_with_validation(tiny_run_inputs, tmp_path):
     out = tmp_path / "ppo"
     run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=2), *MULTI_TURN,

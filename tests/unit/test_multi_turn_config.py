@@ -34,6 +34,14 @@ CASES = [
     ("zero admit interval", ["rollout.multi_turn.admit_every_steps=0"],
      r"rollout.multi_turn.admit_every_steps=0 must be >= 1, or null for the planner's choice"),
     ("bad timeout", ["rollout.multi_turn.tool_timeout_s=0"], r"rollout.multi_turn.tool_timeout_s=0.0 must be > 0"),
+    ("carry pool of one batch", ["rollout.multi_turn.carry_over=true", "rollout.multi_turn.carry_pool=1.0"],
+     r"rollout.multi_turn.carry_pool=1.0 must be > 1"),
+    ("carry tool steps", ["rollout.multi_turn.carry_over=true", "rollout.multi_turn.carry_tool_steps=0"],
+     r"rollout.multi_turn.carry_tool_steps=0 must be >= 1"),
+    ("carry two steps ahead", ["rollout.multi_turn.carry_over=true", "trainer.off_policy_steps=2",
+                               "trainer.placement.pools.gen=[1]", "trainer.placement.roles.rollout=gen",
+                               "trainer.nproc=1", "trainer.launcher=ray"],
+     r"rollout.multi_turn.carry_over=true with trainer.off_policy_steps=2: .* set trainer.off_policy_steps to 0 or 1"),
 ]
 
 

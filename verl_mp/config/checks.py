@@ -99,10 +99,28 @@ def check_multi_turn(cfg: RootConfig) -> None:
     if cfg.actor.router_replay == "rollout" and r.routing_capture == "vllm":
         raise ValueError("actor.router_replay=rollout with rollout.multi_turn needs rollout.routing_capture=hooks "
                          "(vLLM's own capture is not checked with multi-turn conversations yet)")
+    if mt.carry_over:
+        _check_carry_over(cfg)
     if r.sampling.seed_scope == "batch" and cfg.trainer.save_freq:
         logger.info("rollout.multi_turn with rollout.sampling.seed_scope=batch: which turns share an engine step "
                     "depends on when tools answer, so sampling is not reproducible run to run (a resumed run "
                     "continues, but not bit for bit); seed_scope=request makes every turn's sampling its own")
+
+
+def _check_carry_over(cfg: RootConfig) -> None:
+    """``rollout.multi_turn.carry_over``: the combinations it is built for."""
+    if cfg.trainer.off_policy_steps > 1:
+        raise ValueError(f"rollout.multi_turn.carry_over=true with trainer.off_policy_steps="
+                         f"{cfg.trainer.off_policy_steps}: a generation takes the conversations the one before it "
+                         "cut, so at most one may run ahead; set trainer.off_policy_steps to 0 or 1")
+    if cfg.actor.router_replay == "rollout":
+        raise ValueError("rollout.multi_turn.carry_over=true with actor.router_replay=rollout: a cut conversation's "
+                         "routing is not carried between generations yet; set carry_over=false or "
+                         "actor.router_replay to none or old_logprob")
+    if not cfg.algorithm.rollout_correction.enabled:
+        logger.warning("rollout.multi_turn.carry_over=true without algorithm.rollout_correction: conversations cut "
+                       "by one step go on with the next step's weights, so some tokens are sampled by older weights "
+                       "than the trainer's; algorithm.rollout_correction.is_level=token corrects for it")
 
 
 VLLM_CPU_MLA_LATENT = 576

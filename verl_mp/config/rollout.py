@@ -109,6 +109,30 @@ class MultiTurnConfig:
     ``benchmarks/multi_turn_speed.py --admit-every`` 1.22-1.59x faster, benchmarks/RESULTS.md
     "Second GPU pass", "Third GPU pass"), else 1 (on the CPU, or eager)."""
 
+    carry_over: bool = False
+    """Partial rollouts across steps (docs/agentic.md, "Carry-over"): a step's generation
+    ends as soon as ``data.train_batch_size`` prompt groups have all their conversations
+    done; the conversations still running are cut back to their last turn boundary (the
+    turn in flight is aborted and dropped; tool calls already made are answered first) and
+    continue in the next step's generation, with the weights synced since. The batch's
+    length is then no longer set by its longest conversation. Tokens of one conversation
+    may come from several actor versions: each keeps the rollout log-probs it was sampled
+    with, which the rollout correction (``algorithm.rollout_correction``) compares with the
+    trainer's. Needs ``trainer.off_policy_steps`` <= 1 and no routing replay."""
+    carry_pool: float = 1.5
+    """With ``carry_over``: prompt groups in flight at a step's start, as a multiple of
+    ``data.train_batch_size`` (the carried ones plus new prompts drawn to fill the pool);
+    the surplus keeps the engine busy while the step's batch completes (> 1)."""
+    carry_max_steps: int = 2
+    """With ``carry_over``: a prompt group carried this many times must finish in the step
+    that takes it (it is never cut again), which bounds its tokens' staleness."""
+    carry_tool_steps: int = 4
+    """With ``carry_over``: a turn's tool responses join its conversation exactly this many
+    engine steps after the turn ended (the loop waits there for a late one), so where a
+    generation cuts its conversations does not depend on how fast the tools answered: a
+    run and its resume cut alike. Larger: fewer waits for slow tools, later next turns
+    (calculator calls took ~3 steps of 7 ms on an H100, benchmarks/RESULTS.md)."""
+
     @property
     def admit_interval(self) -> int:
         """``admit_every_steps`` as the turn loop uses it (None, no plan: 1)."""
@@ -127,6 +151,13 @@ class MultiTurnConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"rollout.multi_turn.{name}={value} must be >= 1, or null for no limit")
+        if self.carry_pool <= 1.0:
+            raise ValueError(f"rollout.multi_turn.carry_pool={self.carry_pool} must be > 1 (groups in flight per "
+                             "step as a multiple of data.train_batch_size; 1.5 keeps half a batch in reserve)")
+        if self.carry_tool_steps < 1:
+            raise ValueError(f"rollout.multi_turn.carry_tool_steps={self.carry_tool_steps} must be >= 1")
+        if self.carry_max_steps < 1:
+            raise ValueError(f"rollout.multi_turn.carry_max_steps={self.carry_max_steps} must be >= 1")
         if self.enable and not self.tools:
             raise ValueError("rollout.multi_turn.enable=true needs at least one tool: rollout.multi_turn.tools="
                              "[calculator] (built-ins: calculator, python; plugins: name=module:function)")

@@ -35,7 +35,9 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
-                 record_routing: bool = False) -> RolloutOutput:
+                 record_routing: bool = False, carry=None) -> RolloutOutput:
+        if carry is not None:  # check_multi_turn refuses multi-turn (and so carry-over) first
+            raise ValueError("rollout.multi_turn.carry_over needs rollout.backend=vllm")
         if record_routing:  # build_rollout refuses it first
             raise ValueError("routing capture needs rollout.backend=vllm")
         local = {}

@@ -26,7 +26,7 @@ import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -81,6 +81,9 @@ class TurnEngine(Protocol):
     def step(self) -> list[TurnOutput]:
         """One engine step; the requests that finished in it."""
 
+    def abort_all(self) -> int:
+        """Drop every request still running or queued (carry-over cuts them); how many."""
+
 
 class TurnLink:
     """Keeps the ranks of one engine (its TP group) and the DP engines stepping together.
@@ -92,18 +95,33 @@ class TurnLink:
     def __init__(self, tp_group=None, leader: int = 0, dp_group=None):
         self.tp_group, self.leader, self.dp_group = tp_group, leader, dp_group
 
-    def share(self, requests: list[TurnRequest] | None, done: bool | None) -> tuple[list[TurnRequest], bool]:
-        """The leader's new requests for every rank of its engine, and whether every
-        conversation of every engine is done."""
+    def share(self, requests: list[TurnRequest] | None, progress: Progress | None) -> tuple[list[TurnRequest], Progress]:
+        """The leader's new requests for every rank of its engine, and the progress of every
+        engine's conversations together."""
         if self.tp_group is not None:
-            box = [(requests, done)]
+            box = [(requests, progress)]
             dist.broadcast_object_list(box, src=self.leader, group=self.tp_group)
-            requests, done = box[0]
+            requests, progress = box[0]
         if self.dp_group is not None:
-            flag = torch.tensor([0 if done else 1], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.dp_group)
-            done = int(flag.item()) == 0
-        return requests, bool(done)
+            counts = torch.tensor(progress, dtype=torch.int64)
+            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=self.dp_group)
+            progress = Progress(*(int(c) for c in counts.tolist()))
+        return requests, progress
+
+
+class Progress(NamedTuple):
+    """Where an engine's conversations stand (summed over engines by `TurnLink.share`)."""
+
+    running: int
+    """Conversations not done."""
+    complete_groups: int
+    """Prompt groups whose every conversation is done."""
+    required_left: int
+    """``must_finish`` groups (carried too often) not yet complete."""
+
+    def stop(self, take: int | None) -> bool:
+        """Every conversation is done, or (carry-over: ``take`` groups to complete) enough are."""
+        return self.running == 0 or (take is not None and self.complete_groups >= take and self.required_left == 0)
 
 
 @dataclass
@@ -129,6 +147,25 @@ class Conversation:
     turn_spans: list[tuple[str, int]] = field(default_factory=list)
     """Per assistant turn: its engine request id and where its tokens start in ``ids``."""
 
+    def state(self) -> dict:
+        """What a carried conversation (`verl_mp.rollout.types.CarriedGroup`) keeps between
+        generations: everything up to its last turn boundary (JSON-ready)."""
+        return {"ids": self.ids, "mask": self.mask, "logprobs": self.logprobs, "messages": self.messages,
+                "turns": self.turns, "finished": self.finished, "stop_reason": self.stop_reason, "done": self.done,
+                "after_eos": self.after_eos}
+
+    @classmethod
+    def from_state(cls, index: int, prompt: list[int], state: dict) -> Conversation:
+        conv = cls(index, list(prompt))
+        for key in ("ids", "mask", "logprobs", "messages"):
+            setattr(conv, key, list(state[key]))
+        conv.turns, conv.finished, conv.stop_reason = int(state["turns"]), bool(state["finished"]), state["stop_reason"]
+        conv.done, conv.after_eos = bool(state["done"]), bool(state["after_eos"])
+        if not len(conv.ids) == len(conv.mask) == len(conv.logprobs):
+            raise ValueError(f"a carried conversation (sample {index}) has {len(conv.ids)} ids, {len(conv.mask)} mask "
+                             f"entries and {len(conv.logprobs)} log-probs; they must be equal")
+        return conv
+
     def trajectory(self) -> dict:
         tool_calls = sum(len(m.get("tool_calls", ())) for m in self.messages if m["role"] == "assistant")
         return {"messages": self.messages, "num_turns": self.turns, "num_tool_calls": tool_calls,
@@ -140,27 +177,72 @@ class MultiTurnState:
 
     def __init__(self, cfg: MultiTurnConfig, sampling: SamplingConfig, tokenizer, fmt: ToolResponseFormat,
                  tools: dict[str, Callable], parser: Callable[[str], list[ToolCall]], pool: ToolPool,
-                 conversations: list[Conversation]):
+                 conversations: list[Conversation], required: set[int] = frozenset(), tool_steps: int = 0):
+        """``required``: prompt groups (``index // sampling.n``) that must finish before a
+        carry-over generation may stop (`Progress.required_left`). ``tool_steps`` > 0: a
+        turn's tool responses join exactly that many engine steps after the turn ended
+        (waiting there for a late one), so that which conversations are done at any engine
+        step does not depend on how fast tools answer (carry-over: reproducible cuts)."""
         self.cfg, self.sampling, self.tokenizer, self.fmt = cfg, sampling, tokenizer, fmt
         self.tools, self.parser, self.pool = tools, parser, pool
         self.convs = {c.index: c for c in conversations}
-        self.ready: list[Conversation] = list(conversations)
-        """Conversations whose next turn can be submitted."""
+        self.groups: dict[int, list[Conversation]] = {}
+        for c in conversations:
+            self.groups.setdefault(c.index // sampling.n, []).append(c)
+        self.required = set(required)
+        self.ready: list[Conversation] = [c for c in conversations if not c.done]
+        """Conversations whose next turn can be submitted (carried ones may be done already)."""
+        self.tool_steps = tool_steps
+        self.now = 0
+        """Engine steps so far (`run_turns` sets it)."""
+        self.awaiting: dict[int, tuple[int, Conversation]] = {}
+        """With ``tool_steps``: conversations waiting for their tool responses, and the engine
+        step at which those join."""
         self.counts: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
         self.tool_seconds: list[float] = []
         self.resumed_prompt_tokens = self.resumed_cached_tokens = 0
         """Prompt tokens of the continuation turns, and those of them the prefix cache served."""
 
     # -- the loop's two calls -----------------------------------------------------------------
-    def next_requests(self, engine_busy: bool) -> tuple[list[TurnRequest], bool]:
+    def next_requests(self, engine_busy: bool) -> tuple[list[TurnRequest], Progress]:
         """Requests for every conversation that can go on, after taking the tool results that
-        are back (waiting a little for one when the engine has nothing to run); and whether
-        every conversation is done."""
+        are back (waiting a little for one when the engine has nothing to run); and where the
+        conversations stand."""
         if self.pool.in_flight:
-            for key, result in self.pool.poll(0.0 if engine_busy or self.ready else IDLE_WAIT_S):
+            wait = 0.0 if engine_busy or self.ready or self.tool_steps else IDLE_WAIT_S
+            for key, result in self.pool.poll(wait):
                 self._tool_result(key, result)
+        if self.tool_steps and self.awaiting:
+            if not engine_busy and not self.ready:  # nothing runs until the next responses join: go there
+                self.now = max(self.now, min(due for due, _ in self.awaiting.values()))
+            self._join_due()
         requests, self.ready = [self._request(c) for c in self.ready], []
-        return [r for r in requests if r is not None], all(c.done for c in self.convs.values())
+        return [r for r in requests if r is not None], self.progress()
+
+    def _join_due(self, everything: bool = False) -> None:
+        """``tool_steps``: the tool responses due by now (all with ``everything``) join their
+        conversations, in conversation order, after waiting for the late ones."""
+        due = sorted(i for i, (at, _) in self.awaiting.items() if everything or at <= self.now)
+        while any(len(self.awaiting[i][1].results) < len(self.awaiting[i][1].calls) for i in due):
+            for key, result in self.pool.poll(IDLE_WAIT_S):
+                self._tool_result(key, result)
+        for i in due:
+            self._continue(self.awaiting.pop(i)[1])
+
+    def progress(self) -> Progress:
+        complete = {g for g, convs in self.groups.items() if all(c.done for c in convs)}
+        return Progress(sum(not c.done for c in self.convs.values()), len(complete), len(self.required - complete))
+
+    def cut(self) -> None:
+        """The generation stops with conversations still running (carry-over): the engine
+        dropped their turns in flight; the tool calls already made are answered (a hung one
+        by its timeout), so that every conversation ends at a turn boundary."""
+        while self.pool.in_flight:
+            for key, result in self.pool.poll(IDLE_WAIT_S):
+                self._tool_result(key, result)
+        self._join_due(everything=True)
+        self.ready = []
+        self.counts["cut_conversations"] += sum(not c.done for c in self.convs.values())
 
     def on_outputs(self, outputs: list[TurnOutput]) -> None:
         for out in outputs:
@@ -237,9 +319,16 @@ class MultiTurnState:
         self._maybe_continue(conv)
 
     def _maybe_continue(self, conv: Conversation) -> None:
-        """All of the turn's calls answered: append the tool responses and queue the next turn."""
+        """All of the turn's calls answered: append the tool responses and queue the next turn
+        (with ``tool_steps``, once they are due: `_join_due`)."""
+        if self.tool_steps:
+            self.awaiting.setdefault(conv.index, (self.now + self.tool_steps, conv))
+            return
         if len(conv.results) < len(conv.calls):
             return
+        self._continue(conv)
+
+    def _continue(self, conv: Conversation) -> None:
         contents = []
         for slot, call in enumerate(conv.calls):
             result = conv.results[slot]
@@ -277,13 +366,16 @@ class MultiTurnState:
 
 
 COUNTERS = ("turns", "model_tokens", "tool_tokens", "tool_calls", "tool_ok", "tool_errors", "tool_timeouts",
-            "malformed_calls", "unknown_tools", "tool_responses_cut", "truncated", "max_turns_hit")
+            "malformed_calls", "unknown_tools", "tool_responses_cut", "truncated", "max_turns_hit",
+            "cut_conversations", "aborted_turns")
 
 
 def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None,
-              admit_every_steps: int = 1) -> dict[str, float]:
+              admit_every_steps: int = 1, take: int | None = None) -> dict[str, float]:
     """Step the engine until every conversation is done (on every rank of the rollout; the
-    leaders pass their `MultiTurnState`, the other ranks None). New requests join the engine
+    leaders pass their `MultiTurnState`, the other ranks None), or with carry-over until
+    ``take`` prompt groups are (`Progress.stop`): then the turns in flight are aborted and
+    the other conversations cut at their last turn boundary (`MultiTurnState.cut`). New requests join the engine
     together at most every ``admit_every_steps`` steps, or at once when it runs nothing
     (`MultiTurnConfig.admit_every_steps`; every rank decides alike from the shared requests).
     ``engine.has_unfinished`` is called once per round on every rank: with several DP engines
@@ -294,9 +386,9 @@ def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None,
     since_admit = admissions = 0
     while True:
         began = time.perf_counter()
-        requests, done = state.next_requests(busy) if state is not None else (None, None)
-        requests, done = link.share(requests, done)
-        if done:
+        requests, progress = state.next_requests(busy) if state is not None else (None, None)
+        requests, progress = link.share(requests, progress)
+        if progress.stop(take):
             break
         stepped = time.perf_counter()
         waiting += requests
@@ -312,9 +404,16 @@ def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None,
             steps += 1
             engine_s += time.perf_counter() - stepped
             if state is not None:
+                state.now = max(state.now, steps)
                 state.on_outputs(outputs)
         else:
             idle_s += time.perf_counter() - began
+    aborted = 0
+    if progress.running:  # carry-over: enough groups are complete; cut the rest
+        aborted = engine.abort_all()
+        if state is not None:
+            state.cut()
+            state.counts["aborted_turns"] += aborted
     return {"wall_s": time.perf_counter() - start, "engine_idle_s": idle_s, "engine_s": engine_s,
             "engine_steps": float(steps), "admissions": float(admissions)}
 

@@ -11,6 +11,35 @@ import torch
 from verl_mp.config.rollout import SamplingConfig
 
 
+@dataclass(kw_only=True)
+class CarriedGroup:
+    """One prompt's ``n`` conversations cut at a turn boundary by a multi-turn generation
+    with carry-over (``rollout.multi_turn.carry_over``), to go on in a later generation.
+    JSON-ready (`as_dict`); `verl_mp.rollout.multi_turn.Conversation.state` is each entry."""
+
+    prompt_ids: list[int]
+    conversations: list[dict]
+    must_finish: bool = False
+    """The generation that takes it ends only once it is done (it is not cut again)."""
+    position: int = -1
+    """Where it stood in the generation that cut it (carried groups first, then new prompts)."""
+
+    def as_dict(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "conversations": self.conversations,
+                "must_finish": self.must_finish, "position": self.position}
+
+
+@dataclass(kw_only=True)
+class CarryRequest:
+    """What a multi-turn generation with carry-over gets besides its new prompts."""
+
+    groups: list[CarriedGroup]
+    """Groups cut by earlier generations; they go first, before the new prompts."""
+    take: int
+    """Prompt groups to complete: the generation ends once this many are done (and every
+    ``must_finish`` group), cutting the others."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RolloutOutput:
     """Generated samples for a list of prompts, ``n`` per prompt, prompt-major order.
@@ -43,6 +72,11 @@ class RolloutOutput:
     """Multi-turn rollouts: per sample the conversation (`verl_mp.rollout.multi_turn`:
     ``messages``: assistant turns with their tool calls, tool responses with their status;
     ``num_turns``, ``num_tool_calls``, ``finished``, ``stop_reason``). JSON-ready."""
+    groups: list[int] | None = None
+    """A generation with carry-over (`CarryRequest`): for each of its prompts, where that
+    prompt stood among the generation's groups (carried first, then the new prompts)."""
+    carried: list[CarriedGroup] | None = None
+    """A generation with carry-over: the groups it cut, to go on in the next one."""
 
     def __post_init__(self) -> None:
         if len(self.response_ids) != len(self.prompt_ids) * self.n:
@@ -163,9 +197,9 @@ def split_expert_slot(name: str) -> tuple[str, int | None]:
 
 class RolloutBackend(Protocol):
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
-                 record_routing: bool = False) -> RolloutOutput:
+                 record_routing: bool = False, carry: CarryRequest | None = None) -> RolloutOutput:
         """``record_routing``: also each sequence's routed experts (a backend that cannot
-        record them raises)."""
+        record them raises). ``carry``: a multi-turn generation with carry-over (vLLM only)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights from HF-named full tensors, consumed lazily in order."""

@@ -34,7 +34,7 @@ from verl_mp.patches import (
 )
 from verl_mp.rollout.compat import check_vllm
 from verl_mp.rollout.routing_capture import RoutingRecorder, routing_for, routing_from_vllm
-from verl_mp.rollout.types import ExpertLayout, RolloutOutput, split_expert_slot
+from verl_mp.rollout.types import CarryRequest, ExpertLayout, RolloutOutput, split_expert_slot
 from verl_mp.rollout.vllm_turns import MultiTurnRollout, gather_leaders
 from verl_mp.utils import shm
 from verl_mp.utils.dtypes import VLLM_DTYPES
@@ -146,18 +146,24 @@ class VLLMRollout:
 
     # -- generation -------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
-                 record_routing: bool = False) -> RolloutOutput:
+                 record_routing: bool = False, carry: CarryRequest | None = None) -> RolloutOutput:
         """Sample ``sampling.n`` responses per prompt; every rank gets the full result.
-        ``record_routing``: also each sequence's experts (`RolloutOutput.routed_experts`)."""
+        ``record_routing``: also each sequence's experts (`RolloutOutput.routed_experts`).
+        ``carry``: multi-turn carry-over (`CarryRequest`): its groups go on first, and the
+        generation ends once ``carry.take`` groups are done."""
         from vllm.inputs import TokensPrompt
 
         if record_routing and not self.record_routing:
             raise ValueError("this rollout engine was started without routing capture (record_routing=False)")
+        if carry is not None and self.turns is None:
+            raise ValueError("rollout.multi_turn.carry_over needs rollout.multi_turn.enable=true")
         self._check_weights()
         dp_rank = self.rank // self.tp_size
-        mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         if self.turns is not None:
-            return self._generate_turns(prompt_ids, mine, sampling, record_routing)
+            groups = len(prompt_ids) + (len(carry.groups) if carry is not None else 0)
+            mine = list(range(dp_rank, groups, self.dp_size))
+            return self._generate_turns(prompt_ids, mine, sampling, record_routing, carry)
+        mine = list(range(dp_rank, len(prompt_ids), self.dp_size))
         from_sampler = sampling.logprobs and self.sampler_logprobs
         params = [self._params(sampling, i, vllm_logprobs=sampling.logprobs and not from_sampler) for i in mine]
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" else sampling.seed + dp_rank
@@ -187,8 +193,9 @@ class VLLMRollout:
                              routed_experts=routing if record_routing else None)
 
     def _generate_turns(self, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
-                        record_routing: bool) -> RolloutOutput:
-        """Multi-turn conversations with tool calls (`verl_mp.rollout.multi_turn`)."""
+                        record_routing: bool, carry: CarryRequest | None) -> RolloutOutput:
+        """Multi-turn conversations with tool calls (`verl_mp.rollout.multi_turn`); ``mine``:
+        this engine's groups among the carried ones and then the new prompts."""
         routing = None if not record_routing else ("vllm" if self.vllm_capture else "hooks")
         batch_seed = None if sampling.seed is None or sampling.seed_scope != "batch" \
             else sampling.seed + self.rank // self.tp_size
@@ -196,11 +203,11 @@ class VLLMRollout:
         if routing == "hooks":
             self.llm.collective_rpc(_start_recording)
         with _seeded_rng(batch_seed):
-            local, metrics = self.turns.generate(self, prompt_ids, mine, sampling, routing)
+            local, metrics = self.turns.generate(self, prompt_ids, mine, sampling, routing, carry)
         if routing == "hooks" and not self.turns.leader:
             self.finish_routing()  # every rank stops its recorder; the leader did already
         merged, parts = gather_leaders(local, metrics, self.turns.leader)
-        return self.turns.output(prompt_ids, merged, sampling, parts, record_routing)
+        return self.turns.output(prompt_ids, merged, sampling, parts, record_routing, carry)
 
     def finish_routing(self) -> dict:
         """Stop the routing recorder (``rollout.routing_capture=hooks``); what it recorded."""

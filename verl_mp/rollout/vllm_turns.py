@@ -16,6 +16,7 @@ own per-token objects.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +39,19 @@ from verl_mp.rollout.multi_turn import (
     run_turns,
 )
 from verl_mp.rollout.routing_capture import routing_for, routing_from_vllm
-from verl_mp.rollout.types import RolloutOutput
+from verl_mp.rollout.types import CarriedGroup, CarryRequest, RolloutOutput
+
+
+@dataclass
+class GroupResult:
+    """One prompt group's conversations after a generation, on its engine's leader."""
+
+    rows: list[tuple]
+    """Each done conversation's ``(ids, log-probs, finished, routing, mask, trajectory)``."""
+    states: list[dict] | None
+    """Carry-over: every conversation's `Conversation.state` (None without carry-over)."""
+    complete: bool
+    """Every conversation of the group is done."""
 
 
 class VLLMTurnEngine:
@@ -51,6 +64,8 @@ class VLLMTurnEngine:
         """Open over every step when the sampler records the log-probs (then turns carry none)."""
         self.finished: list = []
         """Every finished request's output, for `sampled_logprobs` (with a capture only)."""
+        self.running: set[str] = set()
+        """Request ids added and not finished (what `abort_all` drops)."""
 
     def add(self, request: TurnRequest) -> None:
         from vllm.inputs import TokensPrompt
@@ -59,6 +74,7 @@ class VLLMTurnEngine:
         params = self.params_fn(request)
         params.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: one output per request, at its end
         self.engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params)
+        self.running.add(request.request_id)
 
     def has_unfinished(self) -> bool:
         """Any engine's (with DP engines vLLM all-reduces it, and an idle engine's next step runs
@@ -73,6 +89,7 @@ class VLLMTurnEngine:
         for out in self.engine.step():
             if not out.finished:
                 continue
+            self.running.discard(out.request_id)
             comp = out.outputs[0]
             ids = list(comp.token_ids)
             lps = None
@@ -85,6 +102,15 @@ class VLLMTurnEngine:
                                       prompt_tokens=len(out.prompt_token_ids or ()),
                                       cached_tokens=out.num_cached_tokens or 0))
         return outputs
+
+    def abort_all(self) -> int:
+        """Every rank of the engine added the same requests and saw the same ones finish, so
+        each drops the same set (vLLM frees their KV cache blocks)."""
+        aborted = sorted(self.running)
+        if aborted:
+            self.engine.abort_request(aborted)
+        self.running.clear()
+        return len(aborted)
 
     def sampled_logprobs(self) -> dict[str, list[float]]:
         """Each finished turn's log-probs from the capture (one host copy), by request id."""
@@ -115,18 +141,35 @@ class MultiTurnRollout:
             self.pool.start()
 
     def generate(self, rollout, prompt_ids: list[list[int]], mine: list[int], sampling: SamplingConfig,
-                 routing: str | None) -> tuple[dict[int, list[tuple]], dict[str, float]]:
-        """This engine's conversations (``sampling.n`` for each prompt index in ``mine``) run
-        to their end; ``{prompt index: [(ids, log-probs, finished, routing, mask, trajectory)]}``
-        on the leader ({} elsewhere) and its raw counters. ``routing``: ``hooks``, ``vllm`` or None."""
-        convs = [Conversation(i * sampling.n + j, list(prompt_ids[i])) for i in mine for j in range(sampling.n)]
+                 routing: str | None, carry: CarryRequest | None = None
+                 ) -> tuple[dict[int, GroupResult], dict[str, float]]:
+        """This engine's conversations (``sampling.n`` for each group index in ``mine``: the
+        carried groups first, then ``prompt_ids``) run to their end, or with ``carry`` until
+        ``carry.take`` groups of all engines are done; `GroupResult` per group on the leader
+        ({} elsewhere) and its raw counters. ``routing``: ``hooks``, ``vllm`` or None."""
+        carried = carry.groups if carry is not None else []
+        convs = []
+        for g in mine:
+            if g < len(carried):
+                if len(carried[g].conversations) != sampling.n:
+                    raise ValueError(f"a carried prompt group has {len(carried[g].conversations)} conversations, but "
+                                     f"rollout.sampling.n={sampling.n}: resume with the n that cut it")
+                convs += [Conversation.from_state(g * sampling.n + j, carried[g].prompt_ids, st)
+                          for j, st in enumerate(carried[g].conversations)]
+            else:
+                convs += [Conversation(g * sampling.n + j, list(prompt_ids[g - len(carried)]))
+                          for j in range(sampling.n)]
+        required = {g for g in mine if g < len(carried) and carried[g].must_finish}
         state = MultiTurnState(self.cfg.multi_turn, sampling, self.tokenizer, self.fmt, self.tools, self.parser,
-                               self.pool, convs) if self.leader else None
+                               self.pool, convs, required,
+                               tool_steps=self.cfg.multi_turn.carry_tool_steps if carry is not None else 0) \
+            if self.leader else None
         from_sampler = sampling.logprobs and rollout.sampler_logprobs
         with vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext() as sampled:
             engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r),
                                     routing == "vllm", sampled)
-            timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_interval)
+            timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_interval,
+                                take=carry.take if carry is not None else None)
             if state is None:
                 return {}, {}
             if from_sampler:
@@ -136,22 +179,40 @@ class MultiTurnRollout:
                         lps = by_request[request_id]
                         conv.logprobs[start: start + len(lps)] = lps
         captured = rollout.finish_routing() if routing == "hooks" else None
-        local: dict[int, list[tuple]] = {i: [] for i in mine}
+        local = {g: GroupResult([], [] if carry is not None else None, True) for g in mine}
         for conv in convs:
-            experts = _conversation_routing(conv, routing, captured)
-            lps = conv.logprobs if sampling.logprobs else None
-            local[conv.index // sampling.n].append((conv.ids, lps, conv.finished, experts, conv.mask,
-                                                    conv.trajectory()))
+            group = local[conv.index // sampling.n]
+            group.complete = group.complete and conv.done
+            if conv.done:
+                experts = _conversation_routing(conv, routing, captured)
+                lps = conv.logprobs if sampling.logprobs else None
+                group.rows.append((conv.ids, lps, conv.finished, experts, conv.mask, conv.trajectory()))
+            if group.states is not None:
+                group.states.append(conv.state())
         return local, {**state.metrics(), **timings}
 
-    def output(self, prompt_ids: list[list[int]], merged: dict[int, list[tuple]], sampling: SamplingConfig,
-               parts: list[dict[str, float]], record_routing: bool) -> RolloutOutput:
-        rows = [s for i in range(len(prompt_ids)) for s in merged[i]]
-        return RolloutOutput(prompt_ids=[list(p) for p in prompt_ids], response_ids=[r[0] for r in rows],
-                             response_logprobs=[r[1] for r in rows] if sampling.logprobs else None, n=sampling.n,
-                             finished=[r[2] for r in rows], routed_experts=[r[3] for r in rows] if record_routing else None,
-                             response_masks=[r[4] for r in rows], trajectories=[r[5] for r in rows],
-                             metrics=merge_metrics([p for p in parts if p]))
+    def output(self, prompt_ids: list[list[int]], merged: dict[int, GroupResult], sampling: SamplingConfig,
+               parts: list[dict[str, float]], record_routing: bool, carry: CarryRequest | None = None) -> RolloutOutput:
+        """Every group's samples (prompt order); with ``carry``: the first ``carry.take``
+        complete groups (carried ones first: the oldest), and the others as `CarriedGroup`."""
+        prompts = [g.prompt_ids for g in carry.groups] if carry is not None else []
+        prompts += [list(p) for p in prompt_ids]
+        complete = [g for g in range(len(prompts)) if merged[g].complete]
+        taken = complete if carry is None else complete[: carry.take]
+        rows = [s for g in taken for s in merged[g].rows]
+        out = RolloutOutput(prompt_ids=[prompts[g] for g in taken], response_ids=[r[0] for r in rows],
+                            response_logprobs=[r[1] for r in rows] if sampling.logprobs else None, n=sampling.n,
+                            finished=[r[2] for r in rows], routed_experts=[r[3] for r in rows] if record_routing else None,
+                            response_masks=[r[4] for r in rows], trajectories=[r[5] for r in rows],
+                            metrics=merge_metrics([p for p in parts if p]))
+        if carry is not None:
+            chosen = set(taken)
+            out.groups = taken
+            out.carried = [CarriedGroup(prompt_ids=prompts[g], conversations=merged[g].states, position=g)
+                           for g in range(len(prompts)) if g not in chosen]
+            out.metrics["rollout/multi_turn/carried_in_groups"] = float(len(carry.groups))
+            out.metrics["rollout/multi_turn/carried_out_groups"] = float(len(out.carried))
+        return out
 
     def close(self) -> None:
         if self.pool is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -80,9 +81,14 @@ class RLTrainer:
         self.update_request = UpdateRequest(critic=plan.critic is not None)
         self.timer = StepTimer()
         self.clock = PoolClock(colocated=not plan.rollout_apart)
+        mt = cfg.rollout.multi_turn
+        carry = mt.enable and mt.carry_over
         self.source = RolloutSource(workers, inputs.train, inputs.sampler, self._sampling,
                                     ahead=cfg.trainer.off_policy_steps,
-                                    record_routing=cfg.actor.router_replay == "rollout")
+                                    record_routing=cfg.actor.router_replay == "rollout",
+                                    carry_take=cfg.data.train_batch_size if carry else 0,
+                                    carry_pool=math.ceil(cfg.data.train_batch_size * mt.carry_pool) if carry else 0,
+                                    carry_max_cuts=mt.carry_max_steps)
         self.step_no, self.phase_name = 0, "start-up"
         described = workers.describe()
         self.source.routing_model = described["actor_rollout_ref"].get("routing")
@@ -219,8 +225,7 @@ class RLTrainer:
 
     def _scored(self, gen: Generation) -> ScoredSamples:
         scores, reward_metrics = self._score(gen.prompts, gen.out)
-        versions = torch.full((len(gen.out.response_ids),), gen.version, dtype=torch.int64)
-        return ScoredSamples(gen.prompts, gen.out, scores, versions, reward_metrics)
+        return ScoredSamples(gen.prompts, gen.out, scores, gen.sample_versions(), reward_metrics)
 
     def _batch(self, samples: ScoredSamples) -> RLBatch:
         batch = steps.build_batch(samples.prompts, samples.out, self.inputs.pad_token_id)
@@ -248,12 +253,13 @@ class RLTrainer:
     def _sampling(self, step: int, round_no: int = 0):
         # Seeds derive from (trainer.seed, step, round) so that a resumed run samples exactly
         # what the uninterrupted run would have. Log-probs only on the steps that use them:
-        # every step with a rollout correction.
+        # every step with a rollout correction, and with carry-over (a conversation cut now is
+        # trained later, with the log-probs of every generation it went through).
         freq = self.cfg.rollout.logprob_gap_freq
         gap = bool(freq) and (step % freq == 0 or step == 1)
         seed = self.cfg.trainer.seed * 1_000_003 + step * 10_007 + round_no * 101
         return replace(self.cfg.rollout.sampling, seed=seed,
-                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled)
+                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled or bool(self.source.carry_take))
 
     def _score(self, prompts: PromptBatch, out: RolloutOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """``[B]`` sequence rewards of ``out``'s samples (rank 0 scores, every rank gets them)."""

@@ -25,7 +25,7 @@ resume) are those of the uninterrupted run at that point, it continues exactly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ import torch
 from verl_mp.config.rollout import SamplingConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.models.routing import check_routed_experts
-from verl_mp.rollout.types import RolloutOutput
+from verl_mp.rollout.types import CarriedGroup, CarryRequest, RolloutOutput
 
 
 @dataclass
@@ -43,6 +43,31 @@ class Generation:
     prompts: PromptBatch
     out: RolloutOutput
     version: int
+    group_versions: list[int] | None = None
+    """Carry-over: per prompt group, the version its first tokens were sampled with (older
+    than ``version`` for groups carried from earlier generations)."""
+
+    def sample_versions(self) -> torch.Tensor:
+        """``[samples]`` the oldest actor version each sample's tokens come from."""
+        if self.group_versions is None:
+            return torch.full((len(self.out.response_ids),), self.version, dtype=torch.int64)
+        return torch.tensor(self.group_versions, dtype=torch.int64).repeat_interleave(self.out.n)
+
+
+@dataclass
+class _Carried:
+    """A prompt group cut by a generation (`CarriedGroup`), with what the driver knows of it."""
+
+    index: int
+    """Its prompt's position in the training dataset."""
+    version: int
+    """The actor version its first tokens were sampled with."""
+    cuts: int
+    """Generations that cut it so far."""
+    group: CarriedGroup
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "version": self.version, "cuts": self.cuts, "group": self.group.as_dict()}
 
 
 @dataclass
@@ -52,6 +77,10 @@ class _Pending:
     call: Any = None
     """The submitted call (`verl_mp.workers.groups.PendingCall`), until it is resolved."""
     out: RolloutOutput | None = None
+    sources: list[tuple[int, int, int]] | None = None
+    """Carry-over, until resolved: each group of the call (carried first, then the new
+    prompts) as (dataset index, version of its first tokens, cuts so far)."""
+    group_versions: list[int] | None = None
 
 
 @dataclass
@@ -75,13 +104,25 @@ class RolloutSource:
     """``num_layers``, ``num_experts``, ``top_k`` of the actor (`RankWorker.describe`): what
     routed experts from the rollout engine or a checkpoint must match (None: not checked
     against the model, only for sound values)."""
+    carry_take: int = 0
+    """``rollout.multi_turn.carry_over``: prompt groups each generation completes
+    (``data.train_batch_size``); 0: off, every generation runs its prompts to the end."""
+    carry_pool: int = 0
+    """Carry-over: prompt groups in each generation (the carried ones, then new prompts)."""
+    carry_max_cuts: int = 1
+    """Carry-over: a group cut this many times must finish in its next generation."""
+    carried: list[_Carried] = field(default_factory=list)
+    """Carry-over: the groups the last resolved generation cut, for the next submitted one."""
+    backlog: list[int] = field(default_factory=list)
+    """Carry-over: dataset indices drawn from the sampler (whole batches) and not yet started."""
 
     def take(self, step: int) -> Generation:
         """Step ``step``'s first-round generation (submitted now if it is not in flight)."""
         if step not in self.pending:
             self._submit(step)
         p = self.pending.pop(step)
-        return Generation(p.prompts, self._resolve(p), p.version)
+        out = self._resolve(p)
+        return Generation(p.prompts, out, p.version, p.group_versions)
 
     def generate_now(self, step: int, round_no: int) -> Generation:
         """Another round for ``step`` (dynamic sampling): new prompts, generated at once with
@@ -102,15 +143,43 @@ class RolloutSource:
         self.version = version
 
     def _submit(self, step: int) -> None:
-        prompts = self.dataset.get_batch(self.sampler.next_batch())
-        call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0), self.record_routing)
-        self.pending[step] = _Pending(prompts, self.version, call)
+        if not self.carry_take:
+            prompts = self.dataset.get_batch(self.sampler.next_batch())
+            call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0), self.record_routing)
+            self.pending[step] = _Pending(prompts, self.version, call)
+            return
+        need = self.carry_pool - len(self.carried)
+        while len(self.backlog) < need:
+            self.backlog += list(self.sampler.next_batch())
+        new, self.backlog = self.backlog[:need], self.backlog[need:]
+        prompts = self.dataset.get_batch(new)
+        carried, self.carried = self.carried, []
+        request = CarryRequest(groups=[replace(c.group, must_finish=c.cuts >= self.carry_max_cuts) for c in carried],
+                               take=self.carry_take)
+        call = self.workers.submit_generate(prompts.input_ids, self.sampling(step, 0), self.record_routing, request)
+        sources = [(c.index, c.version, c.cuts) for c in carried] + [(i, self.version, 0) for i in new]
+        self.pending[step] = _Pending(prompts, self.version, call, sources=sources)
 
     def _resolve(self, p: _Pending) -> RolloutOutput:
         if p.out is None:
             p.out, p.call = self.workers.wait(p.call), None
             self._check_routing(p.out, "the routed experts the rollout engine returned")
+            if p.sources is not None:
+                self._split_carry(p)
         return p.out
+
+    def _split_carry(self, p: _Pending) -> None:
+        """A carry-over generation came back: its prompts become the groups it completed, and
+        the groups it cut wait for the next generation."""
+        out, sources = p.out, p.sources
+        if out.groups is None or out.carried is None or len(out.groups) != self.carry_take:
+            raise RuntimeError(f"a carry-over generation returned {len(out.groups or ())} complete prompt groups, "
+                               f"expected rollout.multi_turn's take of {self.carry_take}")
+        p.prompts = self.dataset.get_batch([sources[g][0] for g in out.groups])
+        p.group_versions = [sources[g][1] for g in out.groups]
+        self.carried = [_Carried(sources[c.position][0], sources[c.position][1], sources[c.position][2] + 1,
+                                 replace(c, must_finish=False)) for c in out.carried]
+        p.sources = None
 
     def _check_routing(self, out: RolloutOutput, where: str) -> None:
         """Each sample's routing is ``[len(prompt) + len(response), L, k]`` of sound expert ids."""
@@ -139,8 +208,13 @@ class RolloutSource:
         for step, p in sorted(self.pending.items()):
             out = self._resolve(p)
             pending.append({"step": step, "indices": list(p.prompts.indices), "version": p.version,
+                            "group_versions": p.group_versions,
                             "out": _output_state(out), "routing": out.routed_experts is not None})
-        return {"version": self.version, "pending": pending}
+        state = {"version": self.version, "pending": pending}
+        if self.carry_take:
+            state["carry"] = {"take": self.carry_take, "groups": [c.as_dict() for c in self.carried],
+                              "backlog": list(self.backlog)}
+        return state
 
     def routing_state(self) -> dict[str, torch.Tensor]:
         """The in-flight generations' routed experts as flat tensors (for safetensors):
@@ -157,6 +231,7 @@ class RolloutSource:
         """Restore `state_dict`'s content; ``routing``: `routing_state`'s tensors, needed when
         a saved generation carries routing."""
         self.version = int(state["version"])
+        self._load_carry(state.get("carry"))
         self.pending = {}
         for e in state["pending"]:
             step, experts = int(e["step"]), None
@@ -173,7 +248,29 @@ class RolloutSource:
                 experts = _split_routing(routing[f"step{step}.routing"], routing[f"step{step}.lengths"], step)
             out = RolloutOutput(**e["out"], routed_experts=experts)
             self._check_routing(out, f"rollout_routing.safetensors of the checkpoint (step {step})")
-            self.pending[step] = _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]), out=out)
+            self.pending[step] = _Pending(self.dataset.get_batch(e["indices"]), int(e["version"]), out=out,
+                                          group_versions=e.get("group_versions"))
+
+    def _load_carry(self, carry: dict | None) -> None:
+        """The carried groups and the drawn prompts not yet started (carry-over)."""
+        self.carried, self.backlog = [], []
+        if carry is None:
+            return
+        if not self.carry_take:
+            if carry["groups"] or carry["backlog"]:
+                raise ValueError("the checkpoint holds multi-turn conversations carried over to the next step "
+                                 "(rollout.multi_turn.carry_over=true when it was saved); resume with carry_over=true")
+            return
+        if int(carry["take"]) != self.carry_take:
+            raise ValueError(f"the checkpoint carries conversations over with data.train_batch_size={carry['take']}, "
+                             f"this run has {self.carry_take}: resume with the batch size it was saved with")
+        self.backlog = [int(i) for i in carry["backlog"]]
+        for e in carry["groups"]:
+            group = CarriedGroup(**e["group"])
+            if list(group.prompt_ids) != list(self.dataset.get_batch([int(e["index"])]).input_ids[0]):
+                raise ValueError(f"the checkpoint's carried conversations of dataset row {e['index']} do not start "
+                                 "with that row's prompt: the training data or its chat template changed since")
+            self.carried.append(_Carried(int(e["index"]), int(e["version"]), int(e["cuts"]), group))
 
 
 def _split_routing(table: torch.Tensor, lengths: torch.Tensor, step: int) -> list[torch.Tensor]:

@@ -57,15 +57,17 @@ class WorkerGroups:
         """Tensor bytes sent per phase (method) since the last `step_counters`."""
 
     # -- phases --------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False):
-        return self.wait(self.submit_generate(prompt_ids, sampling, record_routing))
+    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False, carry=None):
+        return self.wait(self.submit_generate(prompt_ids, sampling, record_routing, carry))
 
-    def submit_generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False) -> PendingCall:
+    def submit_generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False,
+                        carry=None) -> PendingCall:
         """Start a generation and return at once (a rollout on its own pool generates while
         the actor's group trains); `wait` gives its `RolloutOutput`. Calls reach a group's
         ranks in the order they were made. ``record_routing``: with each sequence's routed
-        experts (mixture of experts, ``actor.router_replay=rollout``)."""
-        return self._submit(["rollout"], RLWorker.generate, prompt_ids, sampling, record_routing)
+        experts (mixture of experts, ``actor.router_replay=rollout``). ``carry``: a
+        `CarryRequest` (multi-turn carry-over)."""
+        return self._submit(["rollout"], RLWorker.generate, prompt_ids, sampling, record_routing, carry)
 
     def wait(self, pending: PendingCall):
         """The result of a submitted call (rank 0's of its first group)."""

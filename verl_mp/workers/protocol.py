@@ -22,7 +22,7 @@ import torch
 from verl_mp.config.profile import ProfileConfig
 from verl_mp.config.rollout import SamplingConfig
 from verl_mp.data.rl_batch import RLBatch
-from verl_mp.rollout.types import RolloutOutput
+from verl_mp.rollout.types import CarryRequest, RolloutOutput
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,11 @@ class RLWorker(Protocol):
     """The methods every `RankWorker` offers; a method a process has no role for raises."""
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig,
-                 record_routing: bool = False) -> RolloutOutput:
+                 record_routing: bool = False, carry: CarryRequest | None = None) -> RolloutOutput:
         """Sample with the rollout engine; the actor's memory is handed over and back.
-        ``record_routing``: with each sequence's routed experts (mixture of experts)."""
+        ``record_routing``: with each sequence's routed experts (mixture of experts).
+        ``carry``: multi-turn conversations carried over from the last generation, and how
+        many prompt groups to complete (``rollout.multi_turn.carry_over``)."""
 
     def score(self, texts: list[str]) -> torch.Tensor:
         """``[len(texts)]`` reward-model scores (each rank scores a share)."""

@@ -86,8 +86,10 @@ class RankWorker:
 
     # -- rollout --------------------------------------------------------------------------------
     @_phase
-    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False) -> RolloutOutput:
-        """``record_routing``: also each sequence's experts (``actor.router_replay=rollout``)."""
+    def generate(self, prompt_ids: list[list[int]], sampling, record_routing: bool = False,
+                 carry=None) -> RolloutOutput:
+        """``record_routing``: also each sequence's experts (``actor.router_replay=rollout``);
+        ``carry``: a `CarryRequest` (``rollout.multi_turn.carry_over``)."""
         self.faults.check("generate")
         rollout = self._hosted(self.rollout, "rollout")
         metrics: dict[str, float] = {}
@@ -109,7 +111,7 @@ class RankWorker:
             metrics.update(memory.snapshot("generate", "awake"))
             with parts.part("engine"), stopwatch.gc_seconds(metrics, "timing/generate_engine_gc_s",
                                                              "perf/generate_engine_gc_full_collections"):
-                out = rollout.generate(prompt_ids, sampling, record_routing=record_routing)
+                out = rollout.generate(prompt_ids, sampling, record_routing=record_routing, carry=carry)
             with parts.part("sleep"):
                 if self.actor is not None:  # a rollout on ranks of its own keeps its memory
                     rollout.sleep()

@@ -324,10 +324,142 @@ def moe(args) -> dict:
     return result
 
 
+def carry(args) -> dict:
+    """Carry-over (``rollout.multi_turn.carry_over``): four generations of a pool of prompt
+    groups, each ending once ``take`` groups are complete, with an update and a weight sync
+    between them. For every conversation a generation returns (taken or cut): what it had
+    when the generation started is an unchanged prefix of what it has now; the new model
+    tokens are exactly the outputs of requests that finished in this generation (each such
+    request's prompt is the conversation so far), their mask is 1 and their log-probs within
+    1e-4 of the trainer's current weights (fp32); the mask is 0 on everything else new
+    (the tool responses). A group cut ``carry_max_steps`` times is taken next."""
+    from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
+    from verl_mp.config.optim import OptimConfig
+    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.data.batch import PromptBatch
+    from verl_mp.data.rl_batch import attention_mask, to_positions
+    from verl_mp.engine.config import EngineConfig
+    from verl_mp.engine.engine import MegatronEngine
+    from verl_mp.rollout.types import CarriedGroup, CarryRequest
+    from verl_mp.rollout.vllm_rollout import VLLMRollout
+    from verl_mp.trainer.steps import build_batch
+
+    engine = MegatronEngine(EngineConfig(model_path=args.model, micro_batch_size=4,
+                                         parallel=ParallelConfig(tensor_model_parallel_size=args.tp),
+                                         optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
+    engine.load_hf()
+    cfg = RolloutConfig(tensor_model_parallel_size=args.rollout_tp, max_model_len=256,
+                        multi_turn=mt_config(args, timeout_s=1.0))
+    rollout = VLLMRollout(cfg, args.model, engine.spec.num_query_groups)
+    sync = make_weight_sync(engine.spec, engine.chunks, engine.state, 1, "auto", rollout)
+    n, take, pool = 2, 3, 6
+    fresh = prompts_of(engine.spec.vocab_size, 4 * pool)
+    finished_log: list[tuple[list[int], list[int]]] = []
+    add, step = vllm_turns.VLLMTurnEngine.add, vllm_turns.VLLMTurnEngine.step
+    prompts_of_request: dict[str, list[int]] = {}
+
+    def rec_add(self, request):
+        prompts_of_request[request.request_id] = list(request.prompt_ids)
+        return add(self, request)
+
+    def rec_step(self):
+        outs = step(self)
+        for o in outs:
+            finished_log.append((prompts_of_request[o.request_id], list(o.token_ids)))
+        return outs
+
+    vllm_turns.VLLMTurnEngine.add, vllm_turns.VLLMTurnEngine.step = rec_add, rec_step
+    carried: list[CarriedGroup] = []
+    cuts: dict[tuple[int, ...], int] = {}
+    result = {"rounds": [], "checked": 0, "carried_checked": 0, "gap": 0.0, "required_taken": True}
+    for round_no in range(4):
+        finished_log.clear()
+        prompts_of_request.clear()
+        new = [fresh.pop(0) for _ in range(pool - len(carried))]
+        entry = [[c for c in g.conversations] for g in carried] + [[None] * n for _ in new]
+        required = [tuple(g.prompt_ids) for g in carried if cuts.get(tuple(g.prompt_ids), 0) >= 2]
+        result["required"] = result.get("required", 0) + len(required)
+        request = CarryRequest(groups=[CarriedGroup(prompt_ids=g.prompt_ids, conversations=g.conversations,
+                                                    must_finish=cuts.get(tuple(g.prompt_ids), 0) >= 2)
+                                       for g in carried], take=take)
+        sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=12, seed=20 + round_no,
+                                  seed_scope="request", stop_token_ids=STOP, logprobs=True)
+        out = rollout.generate(new, sampling, carry=request)
+        assert out.groups is not None and len(out.groups) == take, out.groups
+        assert len(out.carried) == pool - take, len(out.carried)
+        taken_prompts = [tuple(p) for p in out.prompt_ids]
+        result["required_taken"] &= all(r in taken_prompts for r in required)
+        # every conversation returned, as (prompt, ids, mask, log-probs, its state on entry)
+        convs = []
+        for k, g in enumerate(out.groups):
+            for j in range(n):
+                i = k * n + j
+                convs.append((out.prompt_ids[k], out.response_ids[i], out.response_masks[i],
+                              out.response_logprobs[i], entry[g][j], g))
+        for c in out.carried:
+            for j, st in enumerate(c.conversations):
+                convs.append((c.prompt_ids, st["ids"], st["mask"], st["logprobs"], entry[c.position][j], c.position))
+        pb = PromptBatch(input_ids=[p for p, *_ in convs], prompts=[""] * len(convs), ground_truths=[""] * len(convs),
+                         data_sources=[""] * len(convs), indices=list(range(len(convs))))
+        from verl_mp.rollout.types import RolloutOutput
+
+        every = RolloutOutput(prompt_ids=[p for p, *_ in convs], response_ids=[list(r) for _, r, *_ in convs],
+                              response_logprobs=[list(c[3]) for c in convs], n=1,
+                              finished=[True] * len(convs), response_masks=[list(c[2]) for c in convs])
+        batch = build_batch(pb, every, pad_token_id=0)
+        trainer = batch.gather_response(engine.compute_log_probs(batch.input_ids, attention_mask(batch)))
+        engine_no = rollout.rank // rollout.tp_size
+        for row, (prompt, ids, mask, lps, before, g) in enumerate(convs):
+            if not rollout.turns.leader or g % rollout.dp_size != engine_no:
+                continue  # each engine's leader checks the conversations its engine ran, from its records
+            start = 0
+            if before is not None:  # carried in: unchanged up to where it was cut
+                start = len(before["ids"])
+                assert ids[:start] == before["ids"] and mask[:start] == before["mask"], "carried prefix changed"
+                assert lps[:start] == before["logprobs"], "carried log-probs changed"
+                result["carried_checked"] += 1
+            covered = [0] * len(ids)
+            full = prompt + ids
+            for req_prompt, toks in finished_log:
+                at = len(req_prompt) - len(prompt)
+                if len(req_prompt) >= len(prompt) and full[: len(req_prompt)] == req_prompt \
+                        and ids[at: at + len(toks)] == toks and at >= start:
+                    for q in range(at, at + len(toks)):
+                        covered[q] = 1
+            assert covered[start:] == mask[start:], f"round {round_no} row {row}: model tokens are not the engine's outputs"
+            for q in range(start, len(ids)):
+                if mask[q]:
+                    result["gap"] = max(result["gap"], abs(float(trainer[row, q]) - lps[q]))
+            result["checked"] += 1
+        m = out.metrics
+        result["rounds"].append({k.removeprefix("rollout/multi_turn/"): m[k] for k in (
+            "rollout/multi_turn/cut_conversations", "rollout/multi_turn/aborted_turns",
+            "rollout/multi_turn/carried_in_groups", "rollout/multi_turn/carried_out_groups",
+            "rollout/multi_turn/turns", "rollout/multi_turn/tool_tokens")})
+        for c in out.carried:
+            cuts[tuple(c.prompt_ids)] = cuts.get(tuple(c.prompt_ids), 0) + 1
+        carried = out.carried
+        # an update on the taken samples' model tokens, then the sync
+        tb = build_batch(PromptBatch(input_ids=out.prompt_ids, prompts=[""] * take, ground_truths=[""] * take,
+                                     data_sources=[""] * take, indices=list(range(take))), out, pad_token_id=0)
+        mask = to_positions(tb, tb.response_mask)
+        total = float(mask.sum())
+        engine.train_step({"input_ids": tb.input_ids, "attention_mask": attention_mask(tb), "response_mask": mask},
+                          lambda o, mb: (-(o["log_probs"] * mb["response_mask"]).sum() / total, {}))
+        push_weights(sync, rollout)
+    counts = torch.tensor([result["checked"], result["carried_checked"]])
+    dist.all_reduce(counts)
+    result["checked"], result["carried_checked"] = counts.tolist()
+    gap = torch.tensor([result["gap"]], dtype=torch.float64)
+    dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+    result["gap"] = float(gap)
+    return result
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--mode", choices=("tito", "bad", "moe", "cache"), required=True)
+    p.add_argument("--mode", choices=("tito", "bad", "moe", "cache", "carry"), required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--rollout-tp", type=int, default=1)
     p.add_argument("--max-total", type=int, default=128)
@@ -336,7 +468,7 @@ def main():
     a = p.parse_args()
     if a.mode in ("bad", "cache") and not dist.is_initialized():
         dist.init_process_group("gloo")
-    result = {"tito": tito, "bad": bad, "moe": moe, "cache": cache}[a.mode](a)
+    result = {"tito": tito, "bad": bad, "moe": moe, "cache": cache, "carry": carry}[a.mode](a)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(result, f)
