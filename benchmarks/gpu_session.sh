@@ -661,24 +661,55 @@ PY
     rollout.multi_turn.tool_parser=benchmarks.multi_turn_speed:always_calls "rollout.sampling.stop_token_ids=[5,6,7]")
   if [ -n "${AGENT_LOOP_ADMITS:-}" ]; then  # e.g. "1 16 1 16": the multi-turn loop at each admit_every_steps, in turn
     # on this machine (the loop's own A/B: each step's generate rate; step 1 warms up), then nothing else
-    local a i=0
+    # a trailing c (e.g. "16 16c"): that run with rollout.multi_turn.carry_over (partial rollouts across steps)
+    local a i=0 carry
     for a in $AGENT_LOOP_ADMITS; do
       i=$((i + 1))
+      carry=()
+      case "$a" in *c) a=${a%c}; carry=(rollout.multi_turn.carry_over=true algorithm.rollout_correction.is_level=token) ;; esac
       env "${common[@]}" timeout ${AGENT_LOOP_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" "${multi[@]}" \
-        rollout.multi_turn.admit_every_steps="$a" ${AGENT_MT_ARGS:-} > "$OUT/loop_$i.log" 2>&1
+        rollout.multi_turn.admit_every_steps="$a" "${carry[@]}" ${AGENT_MT_ARGS:-} > "$OUT/loop_$i.log" 2>&1
       echo "multi-turn loop $i (admit every $a) rc=$?"
-      cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_admit${a}_metrics.jsonl" 2>/dev/null
+      cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_admit${a}${carry:+c}_metrics.jsonl" 2>/dev/null
     done
     python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
 import json, sys
-print("run | step | generate tok/s | engine s | engine steps | admissions")
+print("run | step | generate tok/s | engine s | engine steps | admissions | model tokens | carried in/out | cut turns")
 for path in sys.argv[1:]:
     for r in (json.loads(l) for l in open(path) if l.strip()):
+        if "timing/generate_tokens_per_s" not in r:
+            continue
         print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
               round(r["timing/generate_engine_s"], 2), int(r["rollout/multi_turn/engine_steps"]),
-              int(r["rollout/multi_turn/engine_admissions"]), sep=" | ")
+              int(r["rollout/multi_turn/engine_admissions"]), int(r["rollout/multi_turn/model_tokens"]),
+              f'{int(r.get("rollout/multi_turn/carried_in_groups", 0))}/{int(r.get("rollout/multi_turn/carried_out_groups", 0))}',
+              int(r.get("rollout/multi_turn/aborted_turns", 0)), sep=" | ")
 PY
-    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log && rm -rf loop_? loop_?.log)
+    if [ "${AGENT_LOOP_SINGLE:-0}" = 1 ]; then
+      # the single-turn run of as many tokens a step as the last loop run generated (its steps >= 2), every response
+      # of the same length (ignore EOS): issue 37's baseline for that run
+      local per
+      per=$(python3 - "$OUT/loop_$i/metrics.jsonl" 512 <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] >= 2] or \
+    [r for r in rows if "rollout/multi_turn/model_tokens" in r]
+print(round(sum(r["rollout/multi_turn/model_tokens"] for r in rows) / len(rows) / int(sys.argv[2])))
+PY
+)
+      echo "single-turn tokens per sample (the last loop run's model tokens a step / 512 samples): $per"
+      env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_single" \
+        rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true > "$OUT/loop_single.log" 2>&1
+      echo "single-turn rc=$?"
+      python3 - "$OUT/loop_single/metrics.jsonl" <<'PY'
+import json, sys
+for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()):
+    if "timing/generate_tokens_per_s" in r:
+        print("single-turn", r["step"], round(r["timing/generate_tokens_per_s"]), round(r["timing/generate_engine_s"], 2), sep=" | ")
+PY
+      cp "$OUT/loop_single/metrics.jsonl" "$OUT/loop_single_metrics.jsonl" 2>/dev/null
+    fi
+    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log loop_single* && rm -rf loop_? loop_?.log loop_single loop_single.log)
     return 0
   fi
   env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" "${multi[@]}" ${AGENT_MT_ARGS:-} \

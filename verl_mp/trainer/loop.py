@@ -198,7 +198,9 @@ class RLTrainer:
         metrics = {**self.workers.step_counters(), **self.timer.metrics(),
                    **self.clock.step_metrics((window_start, time.time()))}
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
-        generated = out.num_generated_tokens  # multi-turn: the model's tokens, not the tool responses'
+        # multi-turn: the model's tokens, not the tool responses'; with carry-over the tokens this
+        # generation sampled (its cut conversations' included, the earlier ones of those it completed not)
+        generated = out.metrics.get("rollout/multi_turn/model_tokens", out.num_generated_tokens)
         metrics["timing/generate_tokens_per_s"] = generated / max(out.wall_end - out.wall_start, 1e-9)
         if out.metrics.get("timing/generate_engine_s"):  # the engine call alone (no wake or sleep)
             metrics["timing/generate_engine_tokens_per_s"] = generated / out.metrics["timing/generate_engine_s"]
