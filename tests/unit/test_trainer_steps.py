@@ -155,6 +155,10 @@ def test_the_rollout_returns_log_probs_only_on_the_steps_that_use_them():
     trainer.cfg = replace(cfg, rollout=replace(cfg.rollout, logprob_gap_freq=0))
     assert not any(trainer._sampling(s).logprobs for s in range(1, 8))
     assert trainer._sampling(2).seed != trainer._sampling(3).seed
+    # carry-over: a conversation cut in any step is trained later, with every step's log-probs
+    mt = replace(cfg.rollout.multi_turn, enable=True, carry_over=True)
+    trainer.cfg = replace(cfg, rollout=replace(cfg.rollout, logprob_gap_freq=0, multi_turn=mt))
+    assert all(trainer._sampling(s).logprobs for s in range(1, 8))
 
 
 def test_groups_without_signal_are_counted_and_a_flat_batch_warns(caplog):

@@ -58,8 +58,10 @@ class VLLMTurnEngine:
     """`verl_mp.rollout.multi_turn.TurnEngine` over vLLM's ``LLMEngine``."""
 
     def __init__(self, llm, sampling: SamplingConfig, params_fn, routing: bool,
-                 capture: vllm_sampled_logprobs.Capture | None = None):
+                 capture: vllm_sampled_logprobs.Capture | None = None, one_engine: bool = True):
         self.engine, self.sampling, self.params_fn, self.routing = llm.llm_engine, sampling, params_fn, routing
+        self.one_engine = one_engine
+        """No data-parallel engines beside this one (`abort_all` may step it alone)."""
         self.capture = capture
         """Open over every step when the sampler records the log-probs (then turns carry none)."""
         self.finished: list = []
@@ -109,6 +111,13 @@ class VLLMTurnEngine:
         aborted = sorted(self.running)
         if aborted:
             self.engine.abort_request(aborted)
+            if self.one_engine:
+                # with asynchronous scheduling vLLM keeps up to two scheduled batches in flight: let them land now
+                # (their outputs belong to aborted requests and are dropped), before the engine sleeps or its weights
+                # change. Not with data-parallel engines: their steps pair up in collectives (vLLM's own DP sync),
+                # which unmatched steps would hang.
+                for _ in range(2):
+                    self.engine.step()
         self.running.clear()
         return len(aborted)
 
@@ -167,7 +176,7 @@ class MultiTurnRollout:
         from_sampler = sampling.logprobs and rollout.sampler_logprobs
         with vllm_sampled_logprobs.capture() if from_sampler else contextlib.nullcontext() as sampled:
             engine = VLLMTurnEngine(rollout.llm, sampling, lambda r: rollout.turn_params(sampling, r),
-                                    routing == "vllm", sampled)
+                                    routing == "vllm", sampled, one_engine=rollout.dp_size == 1)
             timings = run_turns(engine, self.link, state, self.cfg.multi_turn.admit_interval,
                                 take=carry.take if carry is not None else None)
             if state is None:

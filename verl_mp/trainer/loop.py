@@ -260,8 +260,9 @@ class RLTrainer:
         freq = self.cfg.rollout.logprob_gap_freq
         gap = bool(freq) and (step % freq == 0 or step == 1)
         seed = self.cfg.trainer.seed * 1_000_003 + step * 10_007 + round_no * 101
+        mt = self.cfg.rollout.multi_turn
         return replace(self.cfg.rollout.sampling, seed=seed,
-                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled or bool(self.source.carry_take))
+                       logprobs=gap or self.cfg.algorithm.rollout_correction.enabled or (mt.enable and mt.carry_over))
 
     def _score(self, prompts: PromptBatch, out: RolloutOutput) -> tuple[torch.Tensor, dict[str, float]]:
         """``[B]`` sequence rewards of ``out``'s samples (rank 0 scores, every rank gets them)."""
