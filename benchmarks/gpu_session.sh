@@ -669,7 +669,7 @@ PY
       case "$a" in *c) a=${a%c}; carry=(rollout.multi_turn.carry_over=true algorithm.rollout_correction.is_level=token) ;; esac
       env "${common[@]}" timeout ${AGENT_LOOP_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" "${multi[@]}" \
         rollout.multi_turn.admit_every_steps="$a" "${carry[@]}" ${AGENT_MT_ARGS:-} > "$OUT/loop_$i.log" 2>&1
-      echo "multi-turn loop $i (admit every $a) rc=$?"
+      echo "multi-turn loop $i (admit every $a${carry:+, carry-over}) rc=$?"
       cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_admit${a}${carry:+c}_metrics.jsonl" 2>/dev/null
     done
     python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
