@@ -709,7 +709,7 @@ for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()):
 PY
       cp "$OUT/loop_single/metrics.jsonl" "$OUT/loop_single_metrics.jsonl" 2>/dev/null
     fi
-    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log loop_single* && rm -rf loop_? loop_?.log loop_single loop_single.log)
+    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log $(ls -d loop_single* 2>/dev/null) && rm -rf loop_? loop_?.log loop_single loop_single.log)
     return 0
   fi
   env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" "${multi[@]}" ${AGENT_MT_ARGS:-} \
