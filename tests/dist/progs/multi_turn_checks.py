@@ -132,17 +132,15 @@ def hf_gap(model_path, prompts, out, n) -> float:
     return worst
 
 
-def tito(args) -> dict:
-    from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
+def engine_and_rollout(args):
+    """The Megatron engine (TP ``--tp``, fp32, HF weights) and a multi-turn vLLM rollout at
+    ``--rollout-tp`` on the same ranks, and the weight sync between them."""
+    from verl_mp.bridge.weight_sync import make_weight_sync
     from verl_mp.config.optim import OptimConfig
     from verl_mp.config.parallel import ParallelConfig
-    from verl_mp.data.batch import PromptBatch
-    from verl_mp.data.chat_fragments import ToolResponseFormat
-    from verl_mp.data.rl_batch import attention_mask, to_positions
     from verl_mp.engine.config import EngineConfig
     from verl_mp.engine.engine import MegatronEngine
     from verl_mp.rollout.vllm_rollout import VLLMRollout
-    from verl_mp.trainer.steps import build_batch, logprob_gap_metrics
 
     engine = MegatronEngine(EngineConfig(model_path=args.model, micro_batch_size=4,
                                          parallel=ParallelConfig(tensor_model_parallel_size=args.tp),
@@ -151,7 +149,17 @@ def tito(args) -> dict:
     cfg = RolloutConfig(tensor_model_parallel_size=args.rollout_tp, max_model_len=256,
                         multi_turn=mt_config(args, timeout_s=1.0))
     rollout = VLLMRollout(cfg, args.model, engine.spec.num_query_groups)
-    sync = make_weight_sync(engine.spec, engine.chunks, engine.state, 1, "auto", rollout)
+    return engine, cfg, rollout, make_weight_sync(engine.spec, engine.chunks, engine.state, 1, "auto", rollout)
+
+
+def tito(args) -> dict:
+    from verl_mp.bridge.weight_sync import push_weights
+    from verl_mp.data.batch import PromptBatch
+    from verl_mp.data.chat_fragments import ToolResponseFormat
+    from verl_mp.data.rl_batch import attention_mask, to_positions
+    from verl_mp.trainer.steps import build_batch, logprob_gap_metrics
+
+    engine, cfg, rollout, sync = engine_and_rollout(args)
     fmt = ToolResponseFormat(rollout.turns.tokenizer)
     prompts = prompts_of(engine.spec.vocab_size, 6)
     n = 2
@@ -333,25 +341,13 @@ def carry(args) -> dict:
     request's prompt is the conversation so far), their mask is 1 and their log-probs within
     1e-4 of the trainer's current weights (fp32); the mask is 0 on everything else new
     (the tool responses). A group cut ``carry_max_steps`` times is taken next."""
-    from verl_mp.bridge.weight_sync import make_weight_sync, push_weights
-    from verl_mp.config.optim import OptimConfig
-    from verl_mp.config.parallel import ParallelConfig
+    from verl_mp.bridge.weight_sync import push_weights
     from verl_mp.data.batch import PromptBatch
     from verl_mp.data.rl_batch import attention_mask, to_positions
-    from verl_mp.engine.config import EngineConfig
-    from verl_mp.engine.engine import MegatronEngine
-    from verl_mp.rollout.types import CarriedGroup, CarryRequest
-    from verl_mp.rollout.vllm_rollout import VLLMRollout
+    from verl_mp.rollout.types import CarriedGroup, CarryRequest, RolloutOutput
     from verl_mp.trainer.steps import build_batch
 
-    engine = MegatronEngine(EngineConfig(model_path=args.model, micro_batch_size=4,
-                                         parallel=ParallelConfig(tensor_model_parallel_size=args.tp),
-                                         optim=OptimConfig(lr=1e-3, weight_decay=0.0)))
-    engine.load_hf()
-    cfg = RolloutConfig(tensor_model_parallel_size=args.rollout_tp, max_model_len=256,
-                        multi_turn=mt_config(args, timeout_s=1.0))
-    rollout = VLLMRollout(cfg, args.model, engine.spec.num_query_groups)
-    sync = make_weight_sync(engine.spec, engine.chunks, engine.state, 1, "auto", rollout)
+    engine, cfg, rollout, sync = engine_and_rollout(args)
     n, take, pool = 2, 3, 6
     fresh = prompts_of(engine.spec.vocab_size, 4 * pool)
     finished_log: list[tuple[list[int], list[int]]] = []
@@ -401,8 +397,6 @@ def carry(args) -> dict:
                 convs.append((c.prompt_ids, st["ids"], st["mask"], st["logprobs"], entry[c.position][j], c.position))
         pb = PromptBatch(input_ids=[p for p, *_ in convs], prompts=[""] * len(convs), ground_truths=[""] * len(convs),
                          data_sources=[""] * len(convs), indices=list(range(len(convs))))
-        from verl_mp.rollout.types import RolloutOutput
-
         every = RolloutOutput(prompt_ids=[p for p, *_ in convs], response_ids=[list(r) for _, r, *_ in convs],
                               response_logprobs=[list(c[3]) for c in convs], n=1,
                               finished=[True] * len(convs), response_masks=[list(c[2]) for c in convs])
