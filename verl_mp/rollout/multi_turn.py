@@ -194,7 +194,8 @@ class MultiTurnState:
         """Conversations whose next turn can be submitted (carried ones may be done already)."""
         self.tool_steps = tool_steps
         self.now = 0
-        """Engine steps so far (`run_turns` sets it)."""
+        """The tool clock: engine steps so far (`run_turns` counts them), moved on to the next
+        due step when the engine has nothing to run."""
         self.awaiting: dict[int, tuple[int, Conversation]] = {}
         """With ``tool_steps``: conversations waiting for their tool responses, and the engine
         step at which those join."""
@@ -404,7 +405,7 @@ def run_turns(engine: TurnEngine, link: TurnLink, state: MultiTurnState | None,
             steps += 1
             engine_s += time.perf_counter() - stepped
             if state is not None:
-                state.now = max(state.now, steps)
+                state.now += 1  # one engine step later (after an idle jump too: `next_requests`)
                 state.on_outputs(outputs)
         else:
             idle_s += time.perf_counter() - began

@@ -207,6 +207,8 @@ class MultiTurnRollout:
         prompts = [g.prompt_ids for g in carry.groups] if carry is not None else []
         prompts += [list(p) for p in prompt_ids]
         complete = [g for g in range(len(prompts)) if merged[g].complete]
+        if carry is not None:  # the groups that must finish are taken first (then the oldest)
+            complete.sort(key=lambda g: not (g < len(carry.groups) and carry.groups[g].must_finish))
         taken = complete if carry is None else complete[: carry.take]
         rows = [s for g in taken for s in merged[g].rows]
         out = RolloutOutput(prompt_ids=[prompts[g] for g in taken], response_ids=[r[0] for r in rows],

@@ -200,7 +200,9 @@ class RLTrainer:
         metrics["perf/tokens_per_s"] = steps.tokens_in(batch) / max(metrics["timing/step_s"], 1e-9)
         # multi-turn: the model's tokens, not the tool responses'; with carry-over the tokens this
         # generation sampled (its cut conversations' included, the earlier ones of those it completed not)
-        generated = out.metrics.get("rollout/multi_turn/model_tokens", out.num_generated_tokens)
+        generated = out.num_generated_tokens
+        if self.source.carry_take and "rollout/multi_turn/model_tokens" in out.metrics:
+            generated = out.metrics["rollout/multi_turn/model_tokens"]
         metrics["timing/generate_tokens_per_s"] = generated / max(out.wall_end - out.wall_start, 1e-9)
         if out.metrics.get("timing/generate_engine_s"):  # the engine call alone (no wake or sleep)
             metrics["timing/generate_engine_tokens_per_s"] = generated / out.metrics["timing/generate_engine_s"]
