@@ -689,7 +689,7 @@ PY
       # the single-turn run of as many tokens a step as the last loop run generated (its steps >= 2), every response
       # of the same length (ignore EOS): issue 37's baseline for that run
       local per
-      per=$(python3 - "$OUT/loop_$i/metrics.jsonl" 512 <<'PY'
+      per=$(python3 - "$OUT/loop_$i/metrics.jsonl" $(( ${PROMPTS:-64} * ${N:-8} )) <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] >= 2] or \
@@ -697,7 +697,7 @@ rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] 
 print(round(sum(r["rollout/multi_turn/model_tokens"] for r in rows) / len(rows) / int(sys.argv[2])))
 PY
 )
-      echo "single-turn tokens per sample (the last loop run's model tokens a step / 512 samples): $per"
+      echo "single-turn tokens per sample (the last loop run's model tokens a step / its samples): $per"
       env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_single" \
         rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true > "$OUT/loop_single.log" 2>&1
       echo "single-turn rc=$?"

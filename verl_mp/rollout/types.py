@@ -15,7 +15,7 @@ from verl_mp.config.rollout import SamplingConfig
 class CarriedGroup:
     """One prompt's ``n`` conversations cut at a turn boundary by a multi-turn generation
     with carry-over (``rollout.multi_turn.carry_over``), to go on in a later generation.
-    JSON-ready (`as_dict`); `verl_mp.rollout.multi_turn.Conversation.state` is each entry."""
+    JSON-ready (``dataclasses.asdict``); `verl_mp.rollout.multi_turn.Conversation.state` is each entry."""
 
     prompt_ids: list[int]
     conversations: list[dict]
@@ -23,10 +23,6 @@ class CarriedGroup:
     """The generation that takes it ends only once it is done (it is not cut again)."""
     position: int = -1
     """Where it stood in the generation that cut it (carried groups first, then new prompts)."""
-
-    def as_dict(self) -> dict:
-        return {"prompt_ids": self.prompt_ids, "conversations": self.conversations,
-                "must_finish": self.must_finish, "position": self.position}
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ resume) are those of the uninterrupted run at that point, it continues exactly.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -65,9 +65,6 @@ class _Carried:
     cuts: int
     """Generations that cut it so far."""
     group: CarriedGroup
-
-    def as_dict(self) -> dict:
-        return {"index": self.index, "version": self.version, "cuts": self.cuts, "group": self.group.as_dict()}
 
 
 @dataclass
@@ -212,7 +209,7 @@ class RolloutSource:
                             "out": _output_state(out), "routing": out.routed_experts is not None})
         state = {"version": self.version, "pending": pending}
         if self.carry_take:
-            state["carry"] = {"take": self.carry_take, "groups": [c.as_dict() for c in self.carried],
+            state["carry"] = {"take": self.carry_take, "groups": [asdict(c) for c in self.carried],
                               "backlog": list(self.backlog)}
         return state
 
