@@ -24,7 +24,8 @@ took and the engine's start-up seconds. ``--multi-only`` times the multi-turn ca
 defaults, 16 and 64 + turns x (turn tokens + 40), are this benchmark's earlier workload);
 ``--profile`` runs the first and last admit case once more under torch.profiler recording the
 GPU only (its busy time, kernels by kind; compare the busy time with the case's unprofiled
-seconds: is a step the GPU's time or the host's?).
+seconds: is a step the GPU's time or the host's?); ``--host-profile`` the first admit case and the
+matched single-turn case once more under cProfile (where the host's time goes, by function).
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/multi_turn_speed.py \\
         --model DIR [--size 0.5b] --out OUT.json
@@ -137,6 +138,28 @@ def profiled(rollout, batch, sampling, admit_every: int) -> dict:
             "top": averages.table(sort_by=sort, row_limit=25)}
 
 
+def host_profiled(fn) -> dict:
+    """``fn()`` once under cProfile (the host's Python: this process runs vLLM's engine core
+    in-process): wall seconds, and the top functions by own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    out = fn()
+    prof.disable()
+    wall = time.perf_counter() - start
+    tables = {}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(30)
+        tables[key] = buf.getvalue()[-12000:]
+    return {"wall_s": round(wall, 3), "tokens": out if isinstance(out, int) else out.num_generated_tokens,
+            **tables}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True, help="model directory (made here if it has no config.json)")
@@ -164,6 +187,9 @@ def main() -> None:
     p.add_argument("--profile", action="store_true",
                    help="one more multi-turn run at the first and the last admit value under torch.profiler: wall "
                    "seconds against the GPU's busy time and its kernels by kind (in the result's 'profile')")
+    p.add_argument("--host-profile", action="store_true",
+                   help="the first admit case and the matched single-turn case once more under cProfile: the host's "
+                   "top functions by own and cumulative time (in the result's 'host_profile'; printed to stderr)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -226,6 +252,18 @@ def main() -> None:
     }
     if profiles:
         result["profile"] = profiles
+    if a.host_profile:
+        import sys
+
+        rollout.turns.cfg.multi_turn.admit_every_steps = admit[0]
+        host = {"multi_turn": host_profiled(lambda: rollout.generate(batch, sampling))}
+        turns, rollout.turns = rollout.turns, None
+        host["single_turn_matched"] = host_profiled(lambda: matched_single_turn(rollout, batch, multi[-1][1], a.samples))
+        rollout.turns = turns
+        result["host_profile"] = host
+        for name, h in host.items():
+            print(f"== host profile: {name}: {h['tokens']} tokens in {h['wall_s']} s\n{h['tottime']}\n{h['cumulative']}",
+                  file=sys.stderr, flush=True)
     if not a.multi_only:
         per_sample = statistics.median(tokens) / (a.prompts * a.samples)
         mt_rate = result["multi_turn"]["tokens_per_s"]
