@@ -86,6 +86,8 @@
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
 #                  AGENT_LOOP_ADMITS="1 16 1 16" (with AGENT_SPEED=0 AGENT_STEPS=2): only the multi-turn GRPO loop, once per
 #                  value of rollout.multi_turn.admit_every_steps, in turn on one machine (~100 s a run): the loop's own A/B.
+#                  AGENT_LOOP_SINGLE=1: then the single-turn loop of as many tokens a step (AGENT_SINGLE_ARGS: its extra
+#                  overrides, e.g. trainer.profile.steps=[2] trainer.profile.host=true to compare host profiles).
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
 #                  more overrides for the multi-turn GRPO run (e.g. rollout.multi_turn.admit_every_steps=1; unset, the
@@ -699,7 +701,7 @@ PY
 )
       echo "single-turn tokens per sample (the last loop run's model tokens a step / its samples): $per"
       env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_single" \
-        rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true > "$OUT/loop_single.log" 2>&1
+        rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true ${AGENT_SINGLE_ARGS:-} > "$OUT/loop_single.log" 2>&1
       echo "single-turn rc=$?"
       python3 - "$OUT/loop_single/metrics.jsonl" <<'PY'
 import json, sys
@@ -709,6 +711,9 @@ for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()):
 PY
       cp "$OUT/loop_single/metrics.jsonl" "$OUT/loop_single_metrics.jsonl" 2>/dev/null
     fi
+    for host in "$OUT"/loop_*/profile/step_*/*_host.txt; do  # trainer.profile.host=true: the step's top Python functions
+      [ -e "$host" ] && echo "== $host" && sed -n '1,/Ordered by: cumulative/p' "$host" | head -40
+    done
     (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log $(ls -d loop_single* 2>/dev/null) && rm -rf loop_? loop_?.log loop_single loop_single.log)
     return 0
   fi

@@ -59,3 +59,24 @@ def test_a_session_writes_the_table_the_phases_and_the_trace(tmp_path):
 def test_bad_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=f"trainer.profile.{field}"):
         ProfileConfig(**{field: value})
+
+
+def _python_work(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def test_host_profile_ranks_the_steps_python_functions(tmp_path):
+    prof = StepProfiler()
+    prof.start(str(tmp_path), "g_rank0", ProfileConfig(host=True, trace=False, top=10))
+    for _ in range(3):
+        _python_work(20_000)
+    prof.stop()
+    table = (tmp_path / "g_rank0_host.txt").read_text()
+    assert table.count("Ordered by: internal time") == 1 and table.count("Ordered by: cumulative time") == 1
+    assert "_python_work" in table  # the function the step ran, named in the host table
+    assert "3    " in table.split("_python_work")[0].rsplit("\n", 1)[-1]  # called 3 times
+    assert not (tmp_path / "g_rank0.trace.json.gz").exists()
+    # without host: no host table
+    prof.start(str(tmp_path / "plain"), "g_rank0", ProfileConfig(trace=False))
+    prof.stop()
+    assert not (tmp_path / "plain" / "g_rank0_host.txt").exists()

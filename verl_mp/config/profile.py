@@ -27,6 +27,11 @@ class ProfileConfig:
     """Also record Python stacks (large traces; for finding who launches a kernel)."""
     trace: bool = True
     """Write the timeline (it can be tens of MB for a GPU step)."""
+    host: bool = False
+    """Also run Python's cProfile over the step (the profiling thread of each profiled rank;
+    an in-process vLLM engine included): ``<group>_rank<R>_host.txt`` ranks the Python
+    functions by their own and by cumulative time. For host-bound phases, where the table of
+    ops says little; it slows Python-heavy code more than the GPU's work."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.steps if s < 1]

@@ -58,6 +58,7 @@ class StepProfiler:
 
     def __init__(self):
         self._prof = None
+        self._host = None  # cProfile.Profile while trainer.profile.host is on
         self._target: tuple[Path, str, dict] | None = None
 
     @property
@@ -75,6 +76,11 @@ class StepProfiler:
                                             with_stack=settings.with_stack)
         self._prof.__enter__()
         self._target = (Path(directory), name, settings)
+        if settings.host:
+            import cProfile
+
+            self._host = cProfile.Profile()
+            self._host.enable()
 
     def stop(self) -> dict | None:
         """Stop and write the files; the phases summary (None when no session was open)."""
@@ -82,10 +88,14 @@ class StepProfiler:
             return None
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        prof, (directory, name, settings) = self._prof, self._target
+        prof, host, (directory, name, settings) = self._prof, self._host, self._target
+        if host is not None:
+            host.disable()
         prof.__exit__(None, None, None)
-        self._prof = self._target = None
+        self._prof = self._host = self._target = None
         directory.mkdir(parents=True, exist_ok=True)
+        if host is not None:
+            (directory / f"{name}_host.txt").write_text(host_table(host, settings.top))
         averages = prof.key_averages()
         on_device = torch.cuda.is_available()
         sort = "self_device_time_total" if on_device else "self_cpu_time_total"
@@ -96,6 +106,17 @@ class StepProfiler:
             prof.export_chrome_trace(str(directory / f"{name}.trace.json.gz"))  # torch gzips a .gz path
         logger.info("profile written to %s/%s.*", directory, name)
         return summary
+
+
+def host_table(profile, top: int) -> str:
+    """A cProfile session's top ``top`` functions by own time, then by cumulative time."""
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(profile, stream=buf).strip_dirs().sort_stats(key).print_stats(top)
+    return buf.getvalue()
 
 
 def summarize(averages) -> dict:
