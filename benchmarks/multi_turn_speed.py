@@ -154,8 +154,8 @@ def host_profiled(fn) -> dict:
     tables = {}
     for key in ("tottime", "cumulative"):
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(30)
-        tables[key] = buf.getvalue()[-12000:]
+        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(50)
+        tables[key] = buf.getvalue()[-16000:]
     return {"wall_s": round(wall, 3), "tokens": out if isinstance(out, int) else out.num_generated_tokens,
             **tables}
 
