@@ -80,3 +80,23 @@ def test_host_profile_ranks_the_steps_python_functions(tmp_path):
     prof.start(str(tmp_path / "plain"), "g_rank0", ProfileConfig(trace=False))
     prof.stop()
     assert not (tmp_path / "plain" / "g_rank0_host.txt").exists()
+
+
+def test_host_alone_writes_only_the_host_table(tmp_path):
+    prof = StepProfiler()
+    prof.start(str(tmp_path), "g_rank0", ProfileConfig(ops=False, host=True))
+    assert prof.active
+    with phase("generate"):
+        _python_work(10_000)
+    assert prof.stop() is None and not prof.active  # no torch.profiler: no phases summary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g_rank0_host.txt"]
+    assert "_python_work" in (tmp_path / "g_rank0_host.txt").read_text()
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(ops=False), "records nothing"),
+    (dict(host=True, with_stack=True), "both hook Python's profiler"),
+])
+def test_profiling_nothing_or_twice_is_refused(settings, match):
+    with pytest.raises(ValueError, match=match):
+        ProfileConfig(**settings)

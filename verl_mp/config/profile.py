@@ -27,6 +27,10 @@ class ProfileConfig:
     """Also record Python stacks (large traces; for finding who launches a kernel)."""
     trace: bool = True
     """Write the timeline (it can be tens of MB for a GPU step)."""
+    ops: bool = True
+    """Record torch ops and GPU kernels with torch.profiler (the ranked table, the phases and
+    the timeline). false: only ``host``'s table: torch.profiler's CPU-op recording slows a
+    host-bound phase (a small model's generation) ~2.5x, and cProfile alone distorts it less."""
     host: bool = False
     """Also run Python's cProfile over the step (the profiling thread of each profiled rank;
     an in-process vLLM engine included): ``<group>_rank<R>_host.txt`` ranks the Python
@@ -41,3 +45,9 @@ class ProfileConfig:
             raise ValueError(f"trainer.profile.ranks={self.ranks}: ranks must be >= 0")
         if self.top < 1:
             raise ValueError(f"trainer.profile.top={self.top} must be >= 1")
+        if self.host and self.with_stack:
+            raise ValueError("trainer.profile.host=true and trainer.profile.with_stack=true both hook Python's "
+                             "profiler (cProfile, torch.profiler's Python tracer): turn one off")
+        if not self.ops and not self.host:
+            raise ValueError("trainer.profile.ops=false with trainer.profile.host=false records nothing: "
+                             "set trainer.profile.host=true (the Python table alone) or ops=true")

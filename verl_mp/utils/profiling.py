@@ -63,18 +63,19 @@ class StepProfiler:
 
     @property
     def active(self) -> bool:
-        return self._prof is not None
+        return self._target is not None
 
     def start(self, directory: str, name: str, settings) -> None:
         """Start recording; ``settings``: a `verl_mp.config.profile.ProfileConfig`."""
-        if self._prof is not None:
+        if self._target is not None:
             raise RuntimeError("a profiling session is already open in this process")
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities, record_shapes=settings.record_shapes,
-                                            with_stack=settings.with_stack)
-        self._prof.__enter__()
+        if settings.ops:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=activities, record_shapes=settings.record_shapes,
+                                                with_stack=settings.with_stack)
+            self._prof.__enter__()
         self._target = (Path(directory), name, settings)
         if settings.host:
             import cProfile
@@ -83,19 +84,24 @@ class StepProfiler:
             self._host.enable()
 
     def stop(self) -> dict | None:
-        """Stop and write the files; the phases summary (None when no session was open)."""
-        if self._prof is None:
+        """Stop and write the files; the phases summary (None when no session was open, or
+        with ``ops`` off)."""
+        if self._target is None:
             return None
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         prof, host, (directory, name, settings) = self._prof, self._host, self._target
         if host is not None:
             host.disable()
-        prof.__exit__(None, None, None)
+        if prof is not None:
+            prof.__exit__(None, None, None)
         self._prof = self._host = self._target = None
         directory.mkdir(parents=True, exist_ok=True)
         if host is not None:
             (directory / f"{name}_host.txt").write_text(host_table(host, settings.top))
+        if prof is None:
+            logger.info("profile written to %s/%s_host.txt", directory, name)
+            return None
         averages = prof.key_averages()
         on_device = torch.cuda.is_available()
         sort = "self_device_time_total" if on_device else "self_cpu_time_total"
