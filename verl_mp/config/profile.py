@@ -32,8 +32,9 @@ class ProfileConfig:
     the timeline). false: only ``host``'s table: torch.profiler's CPU-op recording slows a
     host-bound phase (a small model's generation) ~2.5x, and cProfile alone distorts it less."""
     host: bool = False
-    """Also run Python's cProfile over the step (the profiling thread of each profiled rank;
-    an in-process vLLM engine included): ``<group>_rank<R>_host.txt`` ranks the Python
+    """Also run Python's cProfile over the step on each profiled rank (an in-process vLLM
+    engine included; on Python 3.12+ every thread of the process, e.g. the tool pool's, on
+    older ones the rank's main thread): ``<group>_rank<R>_host.txt`` ranks the Python
     functions by their own and by cumulative time. For host-bound phases, where the table of
     ops says little; it slows Python-heavy code more than the GPU's work."""
 
