@@ -207,3 +207,7 @@ def test_prefix_cache_share_counts_the_continuation_turns_only():
     want = (16 + 32) / (len(second[0].prompt_ids) + len(third[0].prompt_ids))
     assert m["rollout/multi_turn/engine_prefix_cached_frac"] == pytest.approx(want)
     assert m["rollout/multi_turn/turns"] == 3 and m["rollout/multi_turn/unknown_tools"] == 2
+    # every finished turn's computed prompt tokens, the first turn's included (it was fully cached here)
+    computed = (len(second[0].prompt_ids) - 16) + (len(third[0].prompt_ids) - 32)
+    assert m["rollout/multi_turn/engine_prefilled_tokens"] == computed
+    assert m["rollout/multi_turn/engine_prefilled_per_model_token"] == pytest.approx(computed / 4)  # 2 + 1 + 1

@@ -203,6 +203,8 @@ class MultiTurnState:
         self.tool_seconds: list[float] = []
         self.resumed_prompt_tokens = self.resumed_cached_tokens = 0
         """Prompt tokens of the continuation turns, and those of them the prefix cache served."""
+        self.prefilled_tokens = 0
+        """Prompt tokens the engine computed (not served by its prefix cache), every finished turn."""
 
     # -- the loop's two calls -----------------------------------------------------------------
     def next_requests(self, engine_busy: bool) -> tuple[list[TurnRequest], Progress]:
@@ -262,6 +264,7 @@ class MultiTurnState:
         return TurnRequest(f"{conv.index}.{conv.turns}", prompt, budget, seed)
 
     def _turn(self, conv: Conversation, out: TurnOutput) -> None:
+        self.prefilled_tokens += max(out.prompt_tokens - out.cached_tokens, 0)
         if conv.turns:  # a continuation: its prompt is the conversation so far
             self.resumed_prompt_tokens += out.prompt_tokens
             self.resumed_cached_tokens += out.cached_tokens
@@ -363,7 +366,8 @@ class MultiTurnState:
         return {**self.counts, "conversations": float(len(self.convs)), "tool_seconds": sum(self.tool_seconds),
                 "tool_seconds_max": max(self.tool_seconds, default=0.0),
                 "resumed_prompt_tokens": float(self.resumed_prompt_tokens),
-                "resumed_cached_tokens": float(self.resumed_cached_tokens)}
+                "resumed_cached_tokens": float(self.resumed_cached_tokens),
+                "prefilled_tokens": float(self.prefilled_tokens)}
 
 
 COUNTERS = ("turns", "model_tokens", "tool_tokens", "tool_calls", "tool_ok", "tool_errors", "tool_timeouts",
@@ -442,6 +446,9 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         "rollout/multi_turn/engine_admissions": max((p.get("admissions", 0.0) for p in parts), default=0.0),
         "rollout/multi_turn/engine_prefix_cached_frac": (total.get("resumed_cached_tokens", 0.0)
                                                          / max(total.get("resumed_prompt_tokens", 0.0), 1.0)),
+        "rollout/multi_turn/engine_prefilled_tokens": total.get("prefilled_tokens", 0.0),
+        "rollout/multi_turn/engine_prefilled_per_model_token": (total.get("prefilled_tokens", 0.0)
+                                                                / max(total.get("model_tokens", 0.0), 1.0)),
     })
     return out
 
