@@ -676,7 +676,7 @@ PY
     done
     python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
 import json, sys
-print("run | step | generate tok/s | engine s | engine steps | admissions | model tokens | carried in/out | cut turns")
+print("run | step | generate tok/s | engine s | engine steps | admissions | model tokens | carried in/out | cut turns | prefilled a model token")
 for path in sys.argv[1:]:
     for r in (json.loads(l) for l in open(path) if l.strip()):
         if "timing/generate_tokens_per_s" not in r:
@@ -685,7 +685,8 @@ for path in sys.argv[1:]:
               round(r["timing/generate_engine_s"], 2), int(r["rollout/multi_turn/engine_steps"]),
               int(r["rollout/multi_turn/engine_admissions"]), int(r["rollout/multi_turn/model_tokens"]),
               f'{int(r.get("rollout/multi_turn/carried_in_groups", 0))}/{int(r.get("rollout/multi_turn/carried_out_groups", 0))}',
-              int(r.get("rollout/multi_turn/aborted_turns", 0)), sep=" | ")
+              int(r.get("rollout/multi_turn/aborted_turns", 0)),
+              round(r.get("rollout/multi_turn/engine_prefilled_per_model_token", float("nan")), 3), sep=" | ")
 PY
     if [ "${AGENT_LOOP_SINGLE:-0}" = 1 ]; then
       # the single-turn run of as many tokens a step as the last loop run generated (its steps >= 2), every response
