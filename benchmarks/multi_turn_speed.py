@@ -140,10 +140,11 @@ def profiled(rollout, batch, sampling, admit_every: int) -> dict:
 
 def host_profiled(fn) -> dict:
     """``fn()`` once under cProfile (the host's Python: this process runs vLLM's engine core
-    in-process): wall seconds, and the top functions by own time and by cumulative time."""
+    in-process): wall seconds, and the top functions by own time, then by cumulative time
+    (`verl_mp.utils.profiling.host_table`, as ``trainer.profile.host`` writes them)."""
     import cProfile
-    import io
-    import pstats
+
+    from verl_mp.utils.profiling import host_table
 
     prof = cProfile.Profile()
     start = time.perf_counter()
@@ -151,13 +152,8 @@ def host_profiled(fn) -> dict:
     out = fn()
     prof.disable()
     wall = time.perf_counter() - start
-    tables = {}
-    for key in ("tottime", "cumulative"):
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).strip_dirs().sort_stats(key).print_stats(50)
-        tables[key] = buf.getvalue()[-16000:]
     return {"wall_s": round(wall, 3), "tokens": out if isinstance(out, int) else out.num_generated_tokens,
-            **tables}
+            "table": host_table(prof, 50)}
 
 
 def main() -> None:
@@ -262,8 +258,8 @@ def main() -> None:
         rollout.turns = turns
         result["host_profile"] = host
         for name, h in host.items():
-            print(f"== host profile: {name}: {h['tokens']} tokens in {h['wall_s']} s\n{h['tottime']}\n{h['cumulative']}",
-                  file=sys.stderr, flush=True)
+            print(f"== host profile: {name}: {h['tokens']} tokens in {h['wall_s']} s\n{h['table']}", file=sys.stderr,
+                  flush=True)
     if not a.multi_only:
         per_sample = statistics.median(tokens) / (a.prompts * a.samples)
         mt_rate = result["multi_turn"]["tokens_per_s"]
