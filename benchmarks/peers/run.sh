@@ -35,7 +35,8 @@ PYTHONPATH=$repo "$PY" "$HERE/prepare.py" "$WORK" --size "$SIZE" --vocab "$VOCAB
 cat > "$out/job.json" <<EOF
 {"peer": "$peer", "size": "$SIZE", "vocab": "$VOCAB", "prompts": $PROMPTS, "n": $N, "max_new": $MAX_NEW,
  "steps": $STEPS, "util": $UTIL, "max_tokens": $MAX_TOKENS, "micro": $MICRO, "ignore_eos": $IGNORE_EOS,
- "dtype": "$DTYPE", "date": "$(date -u +%FT%TZ)"}
+ "dtype": "$DTYPE", "trl_model_dtype": "${TRL_MODEL_DTYPE:-float32}", "verl_attn": "${VERL_ATTN:-sdpa}",
+ "verl_recompute": "${VERL_RECOMPUTE:-by card memory}", "date": "$(date -u +%FT%TZ)"}
 EOF
 mem_pid=
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
