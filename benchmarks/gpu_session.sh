@@ -623,6 +623,16 @@ agent_speed() {  # NAME ARGS...: benchmarks/multi_turn_speed.py on the 0.5B body
   echo "$name rc=$?"; grep -E '^[{]' "$OUT/$name.log" | tail -1 | cut -c1-2400
 }
 
+agent_tokens_per_sample() {  # a multi-turn loop run's model tokens a step (its steps >= 2) per sample
+  python3 - "$1" $(( ${PROMPTS:-64} * ${N:-8} )) <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] >= 2] or \
+    [r for r in rows if "rollout/multi_turn/model_tokens" in r]
+print(round(sum(r["rollout/multi_turn/model_tokens"] for r in rows) / len(rows) / int(sys.argv[2])))
+PY
+}
+
 run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
   # AGENT_SPEED=0 skips the engine benchmark (agent_speed): AGENT_REPEATS (3) repeats per case, AGENT_ADMIT (1,4,16)
   # its admit_every_steps values; AGENT_GRAPHS0=0 skips its first case: the multi-turn rollout with vLLM's own
@@ -664,9 +674,19 @@ PY
   if [ -n "${AGENT_LOOP_ADMITS:-}" ]; then  # e.g. "1 16 1 16": the multi-turn loop at each admit_every_steps, in turn
     # on this machine (the loop's own A/B: each step's generate rate; step 1 warms up), then nothing else
     # a trailing c (e.g. "16 16c"): that run with rollout.multi_turn.carry_over (partial rollouts across steps)
-    local a i=0 carry
+    # an s (e.g. "16 s 16 s": pairs, alternating on one machine): the single-turn run of as many tokens a step as the
+    # loop run before it (its steps >= 2), every response of that length (ignore EOS), AGENT_SINGLE_ARGS passed
+    local a i=0 carry per
     for a in $AGENT_LOOP_ADMITS; do
       i=$((i + 1))
+      if [ "$a" = s ]; then
+        per=$(agent_tokens_per_sample "$OUT/loop_$((i - 1))/metrics.jsonl")
+        env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" \
+          rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true ${AGENT_SINGLE_ARGS:-} > "$OUT/loop_$i.log" 2>&1
+        echo "single-turn loop $i ($per tokens each, as loop $((i - 1))) rc=$?"
+        cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_single_metrics.jsonl" 2>/dev/null
+        continue
+      fi
       carry=()
       case "$a" in *c) a=${a%c}; carry=(rollout.multi_turn.carry_over=true algorithm.rollout_correction.is_level=token) ;; esac
       env "${common[@]}" timeout ${AGENT_LOOP_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" "${multi[@]}" \
@@ -674,12 +694,24 @@ PY
       echo "multi-turn loop $i (admit every $a${carry:+, carry-over}) rc=$?"
       cp "$OUT/loop_$i/metrics.jsonl" "$OUT/loop_${i}_admit${a}${carry:+c}_metrics.jsonl" 2>/dev/null
     done
-    python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
-import json, sys
+    SAMPLES=$(( ${PROMPTS:-64} * ${N:-8} )) python3 - "$OUT"/loop_*_metrics.jsonl <<'PY'
+import json, os, sys
 print("run | step | generate tok/s | engine s | engine steps | admissions | model tokens | carried in/out | cut turns | prefilled a model token")
+pairs, multi = [], None  # (multi-turn run, its rate, single-turn run, its rate): steps >= 2 (step 1 warms up)
 for path in sys.argv[1:]:
-    for r in (json.loads(l) for l in open(path) if l.strip()):
-        if "timing/generate_tokens_per_s" not in r:
+    name = path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl")
+    rows = [r for r in (json.loads(l) for l in open(path) if l.strip()) if "timing/generate_tokens_per_s" in r]
+    later = [r["timing/generate_tokens_per_s"] for r in rows if r["step"] >= 2]
+    rate = sum(later) / len(later) if later else None
+    if name.endswith("_single") and multi is not None and rate:
+        pairs.append((*multi, name, rate))
+    elif not name.endswith("_single"):
+        multi = (name, rate) if rate else None
+    for r in rows:
+        if "rollout/multi_turn/engine_steps" not in r:  # a single-turn run (an s in AGENT_LOOP_ADMITS)
+            print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
+                  round(r["timing/generate_engine_s"], 2), "-", "-", round(r["response_length/mean"] * int(os.environ["SAMPLES"])),
+                  "-", "-", "-", sep=" | ")
             continue
         print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
               round(r["timing/generate_engine_s"], 2), int(r["rollout/multi_turn/engine_steps"]),
@@ -687,19 +719,13 @@ for path in sys.argv[1:]:
               f'{int(r.get("rollout/multi_turn/carried_in_groups", 0))}/{int(r.get("rollout/multi_turn/carried_out_groups", 0))}',
               int(r.get("rollout/multi_turn/aborted_turns", 0)),
               round(r.get("rollout/multi_turn/engine_prefilled_per_model_token", float("nan")), 3), sep=" | ")
+for m, mr, s1, sr in pairs:
+    print(f"pair: {m} {mr:.0f} tok/s against {s1} {sr:.0f} (steps 2+): ratio {mr / sr:.3f}")
 PY
     if [ "${AGENT_LOOP_SINGLE:-0}" = 1 ]; then
       # the single-turn run of as many tokens a step as the last loop run generated (its steps >= 2), every response
       # of the same length (ignore EOS): issue 37's baseline for that run
-      local per
-      per=$(python3 - "$OUT/loop_$i/metrics.jsonl" $(( ${PROMPTS:-64} * ${N:-8} )) <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] >= 2] or \
-    [r for r in rows if "rollout/multi_turn/model_tokens" in r]
-print(round(sum(r["rollout/multi_turn/model_tokens"] for r in rows) / len(rows) / int(sys.argv[2])))
-PY
-)
+      per=$(agent_tokens_per_sample "$OUT/loop_$i/metrics.jsonl")
       echo "single-turn tokens per sample (the last loop run's model tokens a step / its samples): $per"
       env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_single" \
         rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true ${AGENT_SINGLE_ARGS:-} > "$OUT/loop_single.log" 2>&1
