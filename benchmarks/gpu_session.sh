@@ -709,11 +709,11 @@ for path in sys.argv[1:]:
         multi = (name, rate) if rate else None
     for r in rows:
         if "rollout/multi_turn/engine_steps" not in r:  # a single-turn run (an s in AGENT_LOOP_ADMITS)
-            print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
+            print(name, r["step"], round(r["timing/generate_tokens_per_s"]),
                   round(r["timing/generate_engine_s"], 2), "-", "-", round(r["response_length/mean"] * int(os.environ["SAMPLES"])),
                   "-", "-", "-", sep=" | ")
             continue
-        print(path.rsplit("/", 1)[-1].removesuffix("_metrics.jsonl"), r["step"], round(r["timing/generate_tokens_per_s"]),
+        print(name, r["step"], round(r["timing/generate_tokens_per_s"]),
               round(r["timing/generate_engine_s"], 2), int(r["rollout/multi_turn/engine_steps"]),
               int(r["rollout/multi_turn/engine_admissions"]), int(r["rollout/multi_turn/model_tokens"]),
               f'{int(r.get("rollout/multi_turn/carried_in_groups", 0))}/{int(r.get("rollout/multi_turn/carried_out_groups", 0))}',
