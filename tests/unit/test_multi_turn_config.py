@@ -211,3 +211,55 @@ def test_prefix_cache_share_counts_the_continuation_turns_only():
     computed = (len(second[0].prompt_ids) - 16) + (len(third[0].prompt_ids) - 32)
     assert m["rollout/multi_turn/engine_prefilled_tokens"] == computed
     assert m["rollout/multi_turn/engine_prefilled_per_model_token"] == pytest.approx(computed / 4)  # 2 + 1 + 1
+
+
+def test_batch_turn_metrics_count_whole_conversations():
+    """`batch_turn_metrics` (carry-over's turns and tool calls per conversation) agrees with the
+    counters when every conversation ran in this generation (malformed and unknown calls, a
+    turn at max_turns, two calls in one turn), and counts a carried conversation's earlier
+    turns where the counters count only this generation's."""
+    from verl_mp.config.rollout import SamplingConfig
+    from verl_mp.reward.tool_parser import ToolCall
+    from verl_mp.reward.tool_pool import ToolPool
+    from verl_mp.rollout.multi_turn import Conversation, MultiTurnState, TurnOutput, merge_metrics
+    from verl_mp.rollout.vllm_turns import batch_turn_metrics
+
+    tok = build_tiny_tokenizer()
+
+    def parser(text):  # no worker is ever needed: unknown tools and malformed calls are answered at once
+        return [ToolCall("abacus", {}), ToolCall("", {}, error="bad json")]
+
+    def run(convs):
+        state = MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
+                               SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, parser,
+                               ToolPool(1, 1.0), convs)  # never started
+        while True:
+            requests, _ = state.next_requests(engine_busy=False)
+            if not requests:
+                break
+            state.on_outputs([TurnOutput(r.request_id, [9, 10], None, True) for r in requests])
+        assert all(c.done for c in convs)
+        return merge_metrics([state.metrics()]), batch_turn_metrics([c.trajectory() for c in convs])
+
+    counters, batch = run([Conversation(0, [5, 6, 7]), Conversation(1, [5, 6])])
+    assert counters["rollout/multi_turn/turns_per_conversation"] == 3  # the third turn's calls hit max_turns
+    assert counters["rollout/multi_turn/tool_calls_per_conversation"] == 4  # 2 turns x 2 calls
+    for key, value in batch.items():
+        assert counters[key] == value, (key, counters[key], value)
+
+    # a conversation carried in after 2 turns (and their 4 calls): this generation runs its third turn only
+    first = Conversation(0, [5, 6, 7])
+    state = MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
+                           SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, parser,
+                           ToolPool(1, 1.0), [first])
+    for _ in range(2):
+        requests, _ = state.next_requests(engine_busy=False)
+        state.on_outputs([TurnOutput(requests[0].request_id, [9, 10], None, True)])
+    carried = Conversation.from_state(0, first.prompt, first.state())
+    assert carried.turns == 2 and not carried.done
+    counters, batch = run([carried])
+    assert counters["rollout/multi_turn/turns_per_conversation"] == 1
+    assert counters["rollout/multi_turn/tool_calls_per_conversation"] == 0
+    assert batch == {"rollout/multi_turn/turns_per_conversation": 3.0,
+                     "rollout/multi_turn/tool_calls_per_conversation": 4.0}
+    assert batch_turn_metrics([]) == {}

@@ -223,11 +223,27 @@ class MultiTurnRollout:
                            for g in range(len(prompts)) if g not in chosen]
             out.metrics["rollout/multi_turn/carried_in_groups"] = float(len(carry.groups))
             out.metrics["rollout/multi_turn/carried_out_groups"] = float(len(out.carried))
+            out.metrics.update(batch_turn_metrics([r[5] for r in rows]))
         return out
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+def batch_turn_metrics(trajectories: list[dict]) -> dict[str, float]:
+    """Turns and tool calls per conversation of the conversations a generation returns, from
+    their whole trajectories. With carry-over the counters (`merge_metrics`) count one
+    generation's turns over all the conversations it ran, cut ones included, while a returned
+    conversation may have begun in an earlier generation; these count what the batch holds.
+    Without carry-over both give the same numbers: every call gets one tool message, also when
+    its turn ended the conversation, and a cut answers the calls already made."""
+    if not trajectories:
+        return {}
+    convs = len(trajectories)
+    return {"rollout/multi_turn/turns_per_conversation": sum(t["num_turns"] for t in trajectories) / convs,
+            "rollout/multi_turn/tool_calls_per_conversation":
+                sum(sum(m["role"] == "tool" for m in t["messages"]) for t in trajectories) / convs}
 
 
 def _conversation_routing(conv: Conversation, routing: str | None, captured) -> torch.Tensor | None:
