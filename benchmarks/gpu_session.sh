@@ -86,7 +86,7 @@
 #                  tokens) against the planner's (rollout.cudagraph_max_tokens: 768 here); ~2 min more.
 #                  AGENT_LOOP_ADMITS="1 16 1 16" (with AGENT_SPEED=0 AGENT_STEPS=2): only the multi-turn GRPO loop, once per
 #                  value of rollout.multi_turn.admit_every_steps, in turn on one machine (~100 s a run): the loop's own A/B.
-#                  AGENT_LOOP_SINGLE=1: then the single-turn loop of as many tokens a step (AGENT_SINGLE_ARGS: its extra
+#                  AGENT_LOOP_SINGLE=1 (an s at the end): then the single-turn loop of as many tokens a step (AGENT_SINGLE_ARGS: its extra
 #                  overrides, e.g. trainer.profile.steps=[2] trainer.profile.host=true to compare host profiles).
 #                  AGENT_SINGLE=stop|both: single-turn GRPO whose responses end at a stop token (a length spread).
 #                  AGENT_SPEED_ARGS: more multi_turn_speed.py options (e.g. --multi-only --logprobs-too); AGENT_MT_ARGS:
@@ -676,8 +676,10 @@ PY
     # a trailing c (e.g. "16 16c"): that run with rollout.multi_turn.carry_over (partial rollouts across steps)
     # an s (e.g. "16 s 16 s": pairs, alternating on one machine): the single-turn run of as many tokens a step as the
     # loop run before it (its steps >= 2), every response of that length (ignore EOS), AGENT_SINGLE_ARGS passed
-    local a i=0 carry per
-    for a in $AGENT_LOOP_ADMITS; do
+    # AGENT_LOOP_SINGLE=1: an s after the last run
+    local a i=0 carry per admits="$AGENT_LOOP_ADMITS"
+    [ "${AGENT_LOOP_SINGLE:-0}" = 1 ] && admits="$admits s"
+    for a in $admits; do
       i=$((i + 1))
       if [ "$a" = s ]; then
         per=$(agent_tokens_per_sample "$OUT/loop_$((i - 1))/metrics.jsonl")
@@ -722,26 +724,10 @@ for path in sys.argv[1:]:
 for m, mr, s1, sr in pairs:
     print(f"pair: {m} {mr:.0f} tok/s against {s1} {sr:.0f} (steps 2+): ratio {mr / sr:.3f}")
 PY
-    if [ "${AGENT_LOOP_SINGLE:-0}" = 1 ]; then
-      # the single-turn run of as many tokens a step as the last loop run generated (its steps >= 2), every response
-      # of the same length (ignore EOS): issue 37's baseline for that run
-      per=$(agent_tokens_per_sample "$OUT/loop_$i/metrics.jsonl")
-      echo "single-turn tokens per sample (the last loop run's model tokens a step / its samples): $per"
-      env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_single" \
-        rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true ${AGENT_SINGLE_ARGS:-} > "$OUT/loop_single.log" 2>&1
-      echo "single-turn rc=$?"
-      python3 - "$OUT/loop_single/metrics.jsonl" <<'PY'
-import json, sys
-for r in (json.loads(l) for l in open(sys.argv[1]) if l.strip()):
-    if "timing/generate_tokens_per_s" in r:
-        print("single-turn", r["step"], round(r["timing/generate_tokens_per_s"]), round(r["timing/generate_engine_s"], 2), sep=" | ")
-PY
-      cp "$OUT/loop_single/metrics.jsonl" "$OUT/loop_single_metrics.jsonl" 2>/dev/null
-    fi
     for host in "$OUT"/loop_*/profile/step_*/*_host.txt; do  # trainer.profile.host=true: the step's top Python functions
       [ -e "$host" ] && echo "== $host" && sed -n '1,/Ordered by: cumulative/p' "$host" | head -40
     done
-    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log $(ls -d loop_single* 2>/dev/null) && rm -rf loop_? loop_?.log loop_single loop_single.log)
+    (cd "$OUT" && tar -czf agent_loops.tgz --exclude=checkpoints --exclude='*.pt' loop_? loop_?.log && rm -rf loop_? loop_?.log)
     return 0
   fi
   env "${common[@]}" timeout 260 bash benchmarks/gpu_grpo.sh "$OUT/grpo_multi_turn" "${multi[@]}" ${AGENT_MT_ARGS:-} \
