@@ -229,10 +229,13 @@ def test_batch_turn_metrics_count_whole_conversations():
     def parser(text):  # no worker is ever needed: unknown tools and malformed calls are answered at once
         return [ToolCall("abacus", {}), ToolCall("", {}, error="bad json")]
 
+    def state_of(convs):
+        return MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
+                              SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, parser,
+                              ToolPool(1, 1.0), convs)  # never started
+
     def run(convs):
-        state = MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
-                               SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, parser,
-                               ToolPool(1, 1.0), convs)  # never started
+        state = state_of(convs)
         while True:
             requests, _ = state.next_requests(engine_busy=False)
             if not requests:
@@ -249,9 +252,7 @@ def test_batch_turn_metrics_count_whole_conversations():
 
     # a conversation carried in after 2 turns (and their 4 calls): this generation runs its third turn only
     first = Conversation(0, [5, 6, 7])
-    state = MultiTurnState(MultiTurnConfig(enable=True, tools=["calculator"], max_turns=3, max_total_tokens=512),
-                           SamplingConfig(max_new_tokens=8), tok, ToolResponseFormat(tok), {}, parser,
-                           ToolPool(1, 1.0), [first])
+    state = state_of([first])
     for _ in range(2):
         requests, _ = state.next_requests(engine_busy=False)
         state.on_outputs([TurnOutput(requests[0].request_id, [9, 10], None, True)])
