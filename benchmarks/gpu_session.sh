@@ -623,14 +623,24 @@ agent_speed() {  # NAME ARGS...: benchmarks/multi_turn_speed.py on the 0.5B body
   echo "$name rc=$?"; grep -E '^[{]' "$OUT/$name.log" | tail -1 | cut -c1-2400
 }
 
-agent_tokens_per_sample() {  # a multi-turn loop run's model tokens a step (its steps >= 2) per sample
+agent_tokens_per_sample() {  # a multi-turn loop run's model tokens a step (its steps >= 2) per sample; nothing
+  # (and status 1) when it logged no step
   python3 - "$1" $(( ${PROMPTS:-64} * ${N:-8} )) <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()] if os.path.exists(sys.argv[1]) else []
 rows = [r for r in rows if "rollout/multi_turn/model_tokens" in r and r["step"] >= 2] or \
     [r for r in rows if "rollout/multi_turn/model_tokens" in r]
+if not rows:
+    sys.exit(1)
 print(round(sum(r["rollout/multi_turn/model_tokens"] for r in rows) / len(rows) / int(sys.argv[2])))
 PY
+}
+
+wait_gpu_free() {  # until no process holds the GPU (a run stopped by `timeout` may still be ending), at most $1 s
+  local until=$((SECONDS + ${1:-60}))
+  while [ -n "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && [ $SECONDS -lt $until ]; do
+    sleep 2
+  done
 }
 
 run_agent() {  # issue 37: multi-turn generation speed (model tokens/s) vs single-turn of as many tokens, one GPU
@@ -681,8 +691,11 @@ PY
     [ "${AGENT_LOOP_SINGLE:-0}" = 1 ] && admits="$admits s"
     for a in $admits; do
       i=$((i + 1))
+      wait_gpu_free 60  # the run before may have been stopped by its time limit and still be ending
       if [ "$a" = s ]; then
-        per=$(agent_tokens_per_sample "$OUT/loop_$((i - 1))/metrics.jsonl")
+        # 2026-12-07: a run stopped by its limit had not yet written its one step when the next read it
+        per=$(agent_tokens_per_sample "$OUT/loop_$((i - 1))/metrics.jsonl") || {
+          echo "single-turn loop $i skipped: loop $((i - 1)) logged no step"; continue; }
         env "${common[@]}" timeout ${AGENT_SINGLE_S:-200} bash benchmarks/gpu_grpo.sh "$OUT/loop_$i" \
           rollout.sampling.max_new_tokens="$per" rollout.sampling.ignore_eos=true ${AGENT_SINGLE_ARGS:-} > "$OUT/loop_$i.log" 2>&1
         echo "single-turn loop $i ($per tokens each, as loop $((i - 1))) rc=$?"
