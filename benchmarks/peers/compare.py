@@ -152,7 +152,8 @@ def table(summaries: list[dict]) -> str:
     for s in summaries:
         ratio = (base["trained_tokens_per_s"] / s["trained_tokens_per_s"]
                  if base and s["trained_tokens_per_s"] and base["trained_tokens_per_s"] else None)
-        phases = ", ".join(f"{k} {_fmt(v, '.2f')}" for k, v in s["phases_s"].items())
+        # a phase a system did not run is left out (verl_mp's old-log-prob pass with one optimizer step a step)
+        phases = ", ".join(f"{k} {_fmt(v, '.2f')}" for k, v in s["phases_s"].items() if v is not None)
         lines.append(
             f"| {s['peer']} | {s['steps']} | {_fmt(s['step_s'], '.2f')} | {_fmt(s['gen_tokens_per_step'], ',.0f')} | "
             f"{_fmt(s['gen_s'], '.2f')} | {_fmt(s['gen_tokens_per_s'], ',.0f')} | {_fmt(s['trained_tokens_per_s'], ',.0f')} | "

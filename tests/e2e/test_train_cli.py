@@ -188,3 +188,37 @@ def test_ppo_with_a_plugin_estimator_that_needs_values(tiny_run_inputs, tmp_path
         for part in name.split("."):
             got = got[part]
         assert got == value, (key, got)
+
+
+def test_old_log_probs_from_the_update_pass(tiny_run_inputs, tmp_path):
+    """GRPO with one optimizer step a step (`actor.old_log_probs=auto`): no old-log-prob pass,
+    the update's forward pass gives the ratio's old log-probs and measures the rollout gap.
+    The same step with the pass (``forward``): the same samples, losses, gradient norm, gap
+    and, after the step, the same weights (fp32; the two differ only in which forward pass
+    computed log-probs of the same weights). Shown to fail with the loss's own log-probs not
+    detached as the old ones (the policy gradient then vanishes)."""
+    from safetensors.torch import load_file
+
+    runs, weights = {}, {}
+    for mode in ("auto", "forward"):
+        out = tmp_path / mode
+        run_cli(["--config-name", "grpo", *base_overrides(tiny_run_inputs, out, "torchrun", steps=1),
+                 "actor.megatron.tensor_model_parallel_size=2", "rollout.tensor_model_parallel_size=2",
+                 "actor.ppo_mini_batch_size=8", f"actor.old_log_probs={mode}", "trainer.test_freq=0",
+                 "trainer.export_hf_at_end=true",  # a reward it earns sometimes: advantages not all 0
+                 "reward.fn_by_source.synthetic_arith=tests.e2e.offpolicy_plugins:has_digit"])
+        runs[mode] = _steps(out)[1]
+        weights[mode] = {k: v for f in sorted((out / "hf").glob("*.safetensors")) for k, v in load_file(f).items()}
+    auto, forward = runs["auto"], runs["forward"]
+    assert "timing/old_log_prob_s" not in auto and "timing/old_log_prob_s" in forward
+    assert "timing/ref_s" in auto  # the reference's pass stays (KL loss)
+    assert not any(k.startswith("actor/rollout_") for k in auto)  # reported under rollout/ as the pass did
+    assert auto["rollout/logprob_diff_max"] < 1e-4 and forward["rollout/logprob_diff_max"] < 1e-4
+    for key in ("rollout/logprob_diff_mean", "rollout/prob_diff_max", "actor/pg_loss", "actor/kl_loss",
+                "actor/grad_norm", "reward/score/mean", "response_length/mean"):
+        assert auto[key] == pytest.approx(forward[key], rel=1e-4, abs=1e-7), key
+    assert auto["actor/ratio_max"] == auto["actor/ratio_min"] == 1.0
+    assert 0 < auto["reward/score/mean"] < 1  # the policy gradient is not 0
+    assert weights["auto"].keys() == weights["forward"].keys() and weights["auto"]
+    worst = max(float((weights["auto"][k] - weights["forward"][k]).abs().max()) for k in weights["auto"])
+    assert worst <= 1e-6, worst

@@ -165,3 +165,28 @@ def test_the_plan_sends_the_update_settings_not_whole_sections():
     assert type(plan.actor_loss) is PolicyUpdateConfig and type(plan.critic_loss) is ValueUpdateConfig
     assert (plan.actor_loss.clip_ratio_high, plan.actor_loss.ppo_epochs, plan.critic_loss.cliprange_value) == (0.28, 2, 0.3)
     assert plan.router_replay == "old_logprob"
+
+
+ONE_STEP = ["model.path=m", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8"]
+
+
+@pytest.mark.parametrize("extra, in_update", [
+    ([], True),  # one optimizer step on fresh samples: the update's forward gives the old log-probs
+    (["actor.old_log_probs=forward"], False),
+    (["actor.ppo_mini_batch_size=4"], False),  # two optimizer steps: the second's ratio needs the first's weights
+    (["actor.ppo_epochs=2"], False),
+    (["trainer.off_policy_steps=1"], False),  # stale samples: old != rollout weights, and the gap is per fresh row
+    (["algorithm.rollout_correction.is_level=token"], False),  # its weights are computed before the update
+    (["algorithm.use_kl_in_reward=true"], False),  # the reward's KL penalty reads them before the update
+    (["actor.router_replay=old_logprob"], False),  # that pass records the routing the update replays
+    (["rollout.multi_turn.enable=true", "rollout.multi_turn.carry_over=true",
+      "algorithm.rollout_correction.is_level=token"], False),
+])
+def test_old_log_probs_come_from_the_update_only_where_that_is_exact(extra, in_update):
+    plan = build_plan(load_config("grpo", [*ONE_STEP, *extra]))
+    assert plan.old_log_probs_in_update is in_update
+
+
+def test_old_log_probs_setting_is_checked():
+    with pytest.raises(ValueError, match=r"actor.old_log_probs='update' is not one of \('auto', 'forward'\)"):
+        load_config("grpo", ["model.path=m", "actor.old_log_probs=update"])

@@ -214,3 +214,37 @@ def test_critic_loss_aggregates_with_the_configured_mode(mode):
                           MAX_LEN)({"values": torch.tensor(values)}, mb)
     half_sq = [[0.5 * (v - r) ** 2 for v, r in zip(vr, rr, strict=True)] for vr, rr in zip(values, returns, strict=True)]
     assert float(loss) == pytest.approx(_agg64(half_sq, mode), rel=1e-6)
+
+
+def test_without_old_log_probs_the_ratio_is_the_update_pass_own():
+    """`actor.old_log_probs=auto` with one optimizer step: the micro-batch carries no old
+    log-probs, the loss takes the pass's own (detached). Loss and gradient equal those with
+    old log-probs computed by a separate pass of the same weights; the gap to the rollout's
+    log-probs is measured here, as `logprob_gap_metrics` measures it in the driver."""
+    from types import SimpleNamespace
+
+    from verl_mp.trainer.steps import gap_from_update, logprob_gap_metrics
+
+    mask, _, mb = _mb()
+    logp = torch.tensor([[-1.0, -0.5, -3.0], [-2.0, -0.25, -3.0]], requires_grad=True)
+    rollout = torch.tensor([[-1.1, -0.45, 0.0], [-2.0, -0.2, 0.0]])
+    cfg = ActorConfig(use_kl_loss=True, kl_loss_coef=0.2)
+    with_old = {**mb, "old_log_probs": logp.detach().clone()}
+    without = {k: v for k, v in mb.items() if k != "old_log_probs"} | {"rollout_log_probs": rollout}
+    grads = []
+    for micro in (with_old, without):
+        logp.grad = None
+        loss, metrics = actor_loss(cfg, 4.0, 2.0, 3)({"log_probs": logp}, micro)
+        loss.backward()
+        grads.append((float(loss), logp.grad.clone(), metrics))
+    assert grads[0][0] == grads[1][0] and torch.equal(grads[0][1], grads[1][1])
+    assert float(grads[1][2]["ratio_max"]) == float(grads[1][2]["ratio_min"]) == 1.0
+    # the gap: max over tokens, mean over the micro-batch's tokens (here all 4 of the mini-batch)
+    update = gap_from_update({f"actor/{k}": float(v) for k, v in grads[1][2].items()})
+    rows = SimpleNamespace(response_mask=mask, rollout_log_probs=rollout, old_log_probs=logp.detach(),
+                           require=lambda *names: None)
+    driver = logprob_gap_metrics(rows)
+    assert update.keys() == driver.keys() and len(driver) == 4
+    for key, value in driver.items():
+        assert update[key] == pytest.approx(value, rel=1e-6), key
+    assert "rollout_logprob_diff_max" not in grads[0][2]  # no rollout log-probs in the micro-batch: no gap

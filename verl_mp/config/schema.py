@@ -81,6 +81,7 @@ class DataConfig:
 
 
 ROUTER_REPLAY_MODES = ("off", "rollout", "old_logprob")
+OLD_LOG_PROB_SOURCES = ("auto", "forward")
 
 
 @dataclass(kw_only=True)
@@ -157,9 +158,21 @@ class ActorConfig(PolicyUpdateConfig, EngineRoleConfig):
     experts). The reference policy always routes on its own."""
     ppo_mini_batch_size: int = 8
     """Prompts per optimizer step (x rollout.sampling.n samples); must divide data.train_batch_size."""
+    old_log_probs: str = "auto"
+    """Where the PPO ratio's old log-probs come from: ``forward`` (a forward pass of the actor
+    before the update, every step) or ``auto``: from the update's own forward pass wherever
+    that is the same thing, i.e. one optimizer step a step (``ppo_epochs=1``,
+    ``ppo_mini_batch_size`` = ``data.train_batch_size``) on samples of the current weights
+    (``trainer.off_policy_steps=0``, no multi-turn carry-over), and nothing reads them before
+    the update (no rollout correction, no KL in the reward, no estimator input, no
+    ``router_replay=old_logprob``); otherwise the forward pass (`verl_mp.plan.old_log_probs_in_update`).
+    The ratio is then exactly 1 (as in TRL with one iteration) and the rollout-vs-trainer
+    gap is measured in the update's forward pass."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
+            raise ValueError(f"actor.old_log_probs={self.old_log_probs!r} is not one of {OLD_LOG_PROB_SOURCES}")
         if self.router_replay == "False":  # YAML reads a bare `off` as false (`actor.router_replay=off`)
             self.router_replay = "off"
         if self.router_replay not in ROUTER_REPLAY_MODES:

@@ -62,6 +62,10 @@ class RunPlan:
     """Samples per optimizer step: actor.ppo_mini_batch_size prompts x rollout.sampling.n."""
     temperature: float
     """Sampling temperature the log-probs are computed at (1.0 for greedy sampling)."""
+    old_log_probs_in_update: bool = False
+    """The actor's update takes the PPO ratio's old log-probs from its own forward pass (and
+    measures the rollout-vs-trainer gap there): no old-log-prob forward phase
+    (`old_log_probs_in_update`)."""
 
     def group_of(self, role: str) -> str:
         """The name of the group hosting ``role``."""
@@ -150,7 +154,22 @@ def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
         router_replay=cfg.actor.router_replay,
         mini_batch_rows=cfg.actor.ppo_mini_batch_size * cfg.rollout.sampling.n,
         temperature=t if t > 0 else 1.0,
+        old_log_probs_in_update=old_log_probs_in_update(cfg),
     )
+
+
+def old_log_probs_in_update(cfg: RootConfig) -> bool:
+    """``actor.old_log_probs=auto`` where the old log-probs equal what the update's forward pass
+    computes and nothing needs them before it: one optimizer step a step, on samples of the
+    current weights, and no rollout correction, KL penalty in the reward, estimator input or
+    routing recorded by the old-log-prob pass. Then the separate forward pass is skipped."""
+    a, actor, mt = cfg.algorithm, cfg.actor, cfg.rollout.multi_turn
+    return (actor.old_log_probs == "auto" and actor.ppo_epochs == 1
+            and actor.ppo_mini_batch_size >= cfg.data.train_batch_size
+            and cfg.trainer.off_policy_steps == 0 and not (mt.enable and mt.carry_over)
+            and not a.rollout_correction.enabled and not a.use_kl_in_reward
+            and "old_log_probs" not in estimator_spec(a.adv_estimator).inputs
+            and actor.router_replay != "old_logprob")
 
 
 def _copy_fields(section, cls):

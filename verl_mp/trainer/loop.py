@@ -77,7 +77,8 @@ class RLTrainer:
                                       rank=rank, world_barrier=barrier)
         self.kl_ctrl = steps.make_kl_controller(cfg.algorithm)
         self.spec = estimator_spec(cfg.algorithm.adv_estimator)
-        self.forward_request = ForwardRequest(ref_log_probs=plan.ref is not None, values=plan.critic is not None)
+        self.forward_request = ForwardRequest(old_log_probs=not plan.old_log_probs_in_update,
+                                              ref_log_probs=plan.ref is not None, values=plan.critic is not None)
         self.update_request = UpdateRequest(critic=plan.critic is not None)
         self.timer = StepTimer()
         self.clock = PoolClock(colocated=not plan.rollout_apart)
@@ -172,7 +173,7 @@ class RLTrainer:
             batch.routed_experts = fwd.routed_experts
         metrics.update(fwd.metrics)
         fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
-        gap = steps.logprob_gap_metrics(batch, fresh)
+        gap = steps.logprob_gap_metrics(batch, fresh) if batch.old_log_probs is not None else {}
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
         metrics.update(steps.staleness_metrics(batch, step))
         metrics.update(steps.apply_rollout_correction(batch, cfg.algorithm.rollout_correction))
@@ -182,6 +183,9 @@ class RLTrainer:
             steps.compute_advantages(batch, cfg.algorithm, baseline)
         with self._phase("update"):
             metrics.update(self.workers.update(batch, self.update_request))
+        if self.plan.old_log_probs_in_update:  # no old-log-prob pass: the update's forward measured the gap
+            gap = steps.gap_from_update(metrics)
+            steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
         steps.check_finite({k: v for k, v in metrics.items() if k.endswith(("pg_loss", "vf_loss", "grad_norm"))},
                            "update", hint="the losses or gradient norms of the update")
         with self._phase("weight_sync"):

@@ -32,7 +32,10 @@ def actor_loss(cfg: PolicyUpdateConfig, global_tokens: float, global_seqs: float
         # per-token policy-gradient term; they are fixed per token, so the sum over
         # micro-batches and DP ranks is unchanged by the split.
         weights = {"token_weights": mb["rollout_weights"]} if "rollout_weights" in mb else {}
-        loss, metrics = policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+        # Without old log-probs in the batch the plan takes them from this forward pass (one
+        # optimizer step on fresh samples: `verl_mp.plan.old_log_probs_in_update`): the ratio is 1.
+        old = mb["old_log_probs"] if "old_log_probs" in mb else log_probs.detach()
+        loss, metrics = policy_loss(log_probs, old, mb["advantages"], mask,
                                     clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
                                     clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode,
                                     **counts, **weights)
@@ -50,10 +53,30 @@ def actor_loss(cfg: PolicyUpdateConfig, global_tokens: float, global_seqs: float
             # loss used the same configured coefficient.
             coef = torch.tensor(float(cfg.kl_loss_coef))
             out["kl_loss_coef_max"], out["kl_loss_coef_min"] = coef, coef
+        if "rollout_log_probs" in mb:  # the rollout-vs-trainer gap, measured here instead of by a forward pass
+            metrics.update(_gap_metrics(log_probs.detach(), mb["rollout_log_probs"], mask))
         local = mask.sum()
         return loss, {**out, **_scale_means(metrics, local, global_tokens)}
 
     return loss_fn
+
+
+GAP_METRICS = ("logprob_diff_max", "logprob_diff_mean", "prob_diff_max", "prob_diff_mean")
+"""What `_gap_metrics` reports as ``rollout_<name>`` (``actor/rollout_<name>`` after the update):
+`verl_mp.trainer.steps.logprob_gap_metrics`' ``rollout/<name>``, from the update's forward pass."""
+
+
+def _gap_metrics(log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor) -> dict:
+    """|rollout - trainer| of log-probs and of probabilities over the micro-batch's response
+    tokens: maxima, and means over its tokens (scaled to the mini-batch by `_scale_means`)."""
+    on = mask > 0
+    trainer, rollout = log_probs.float()[on], rollout_log_probs.float()[on]
+    if trainer.numel() == 0:
+        zero = torch.zeros((), device=log_probs.device)
+        return {f"rollout_{name}": zero for name in GAP_METRICS}
+    diff, prob_diff = (trainer - rollout).abs(), (trainer.exp() - rollout.exp()).abs()
+    return {"rollout_logprob_diff_max": diff.max(), "rollout_logprob_diff_mean": diff.mean(),
+            "rollout_prob_diff_max": prob_diff.max(), "rollout_prob_diff_mean": prob_diff.mean()}
 
 
 def critic_loss(cfg: ValueUpdateConfig, global_tokens: float, global_seqs: float, max_len: int):

@@ -233,8 +233,14 @@ class RankWorker:
     def _update_actor(self, batch: RLBatch, metrics: dict[str, float]) -> None:
         start = time.perf_counter()
         loss_cfg = self.plan.actor_loss
-        batch.require("old_log_probs", "advantages")
-        fields = ["old_log_probs", "advantages"] + (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
+        if self.plan.old_log_probs_in_update:  # the update's own forward pass gives them (and measures the gap)
+            _check_one_optimizer_step(batch, self.plan.mini_batch_rows, loss_cfg.ppo_epochs)
+            batch.require("advantages")
+            fields = ["advantages"] + (["rollout_log_probs"] if batch.rollout_log_probs is not None else [])
+        else:
+            batch.require("old_log_probs", "advantages")
+            fields = ["old_log_probs", "advantages"]
+        fields += (["ref_log_probs"] if loss_cfg.use_kl_loss else []) \
             + (["rollout_weights"] if batch.rollout_weights is not None else [])
         if self.plan.router_replay != "off":
             batch.require("routed_experts")
@@ -353,3 +359,13 @@ def flop_params(spec) -> int:
     else:
         per_layer += 3 * h * (m.top_k * m.ffn_hidden_size + (m.shared_expert_ffn_hidden_size or 0)) + h * m.num_experts
     return spec.num_layers * per_layer + spec.vocab_size * h
+
+
+def _check_one_optimizer_step(batch: RLBatch, mini_batch_rows: int, epochs: int) -> None:
+    """The plan takes the old log-probs from the update's forward pass only where the update is
+    one optimizer step (`verl_mp.plan.old_log_probs_in_update`): a batch that would make more
+    is a bug, not a setting."""
+    if epochs != 1 or len(batch) > mini_batch_rows:
+        raise RuntimeError(f"the old log-probs come from the update's forward pass, but this update makes more than "
+                           f"one optimizer step ({len(batch)} samples in mini-batches of {mini_batch_rows}, {epochs} "
+                           "epochs): set actor.old_log_probs=forward and report this")
