@@ -179,6 +179,7 @@ ONE_STEP = ["model.path=m", "data.train_batch_size=8", "actor.ppo_mini_batch_siz
     (["algorithm.rollout_correction.is_level=token"], False),  # its weights are computed before the update
     (["algorithm.use_kl_in_reward=true"], False),  # the reward's KL penalty reads them before the update
     (["actor.router_replay=old_logprob"], False),  # that pass records the routing the update replays
+    (["rollout.logprob_diff_threshold=0.1"], False),  # its check refuses a bad sync before the update
     (["rollout.multi_turn.enable=true", "rollout.multi_turn.carry_over=true",
       "algorithm.rollout_correction.is_level=token"], False),
 ])

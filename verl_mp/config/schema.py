@@ -165,9 +165,11 @@ class ActorConfig(PolicyUpdateConfig, EngineRoleConfig):
     ``ppo_mini_batch_size`` = ``data.train_batch_size``) on samples of the current weights
     (``trainer.off_policy_steps=0``, no multi-turn carry-over), and nothing reads them before
     the update (no rollout correction, no KL in the reward, no estimator input, no
-    ``router_replay=old_logprob``); otherwise the forward pass (`verl_mp.plan.old_log_probs_in_update`).
-    The ratio is then exactly 1 (as in TRL with one iteration) and the rollout-vs-trainer
-    gap is measured in the update's forward pass."""
+    ``router_replay=old_logprob``, no ``rollout.logprob_diff_threshold``, whose check comes
+    before the update); otherwise the forward pass (`verl_mp.plan.old_log_probs_in_update`).
+    The ratio is then exactly 1 (as in TRL with one iteration: ``actor/approx_kl`` and
+    ``actor/clipfrac`` read 0) and the rollout-vs-trainer gap is measured in the update's
+    forward pass."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -161,15 +161,18 @@ def build_plan(cfg: RootConfig, placement: Placement | None = None) -> RunPlan:
 def old_log_probs_in_update(cfg: RootConfig) -> bool:
     """``actor.old_log_probs=auto`` where the old log-probs equal what the update's forward pass
     computes and nothing needs them before it: one optimizer step a step, on samples of the
-    current weights, and no rollout correction, KL penalty in the reward, estimator input or
-    routing recorded by the old-log-prob pass. Then the separate forward pass is skipped."""
+    current weights, and no rollout correction, KL penalty in the reward, estimator input,
+    routing recorded by the old-log-prob pass or ``rollout.logprob_diff_threshold`` (its check
+    must come before the update). Then the separate forward pass is skipped. A step whose
+    batch holds older samples (a resume from a run with off-policy steps) still runs it
+    (`verl_mp.trainer.loop.RLTrainer.step`)."""
     a, actor, mt = cfg.algorithm, cfg.actor, cfg.rollout.multi_turn
     return (actor.old_log_probs == "auto" and actor.ppo_epochs == 1
             and actor.ppo_mini_batch_size >= cfg.data.train_batch_size
             and cfg.trainer.off_policy_steps == 0 and not (mt.enable and mt.carry_over)
             and not a.rollout_correction.enabled and not a.use_kl_in_reward
             and "old_log_probs" not in estimator_spec(a.adv_estimator).inputs
-            and actor.router_replay != "old_logprob")
+            and actor.router_replay != "old_logprob" and cfg.rollout.logprob_diff_threshold is None)
 
 
 def _copy_fields(section, cls):

@@ -48,7 +48,7 @@ from verl_mp.trainer.rollout_source import Generation, RolloutSource
 from verl_mp.trainer.setup import RunInputs
 from verl_mp.trainer.tracking import Progress, StepTimer, Tracker, console_logger
 from verl_mp.utils.fs import disk_full_error
-from verl_mp.workers.protocol import ForwardRequest, UpdateRequest
+from verl_mp.workers.protocol import ForwardRequest, ForwardResult, UpdateRequest
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class RLTrainer:
         self.spec = estimator_spec(cfg.algorithm.adv_estimator)
         self.forward_request = ForwardRequest(old_log_probs=not plan.old_log_probs_in_update,
                                               ref_log_probs=plan.ref is not None, values=plan.critic is not None)
+        self.step_request = self.forward_request
+        """What this step's forward phase computed (`forward_request`, or with the old log-probs)."""
         self.update_request = UpdateRequest(critic=plan.critic is not None)
         self.timer = StepTimer()
         self.clock = PoolClock(colocated=not plan.rollout_apart)
@@ -166,13 +168,19 @@ class RLTrainer:
         self.source.prefetch(step, cfg.trainer.total_steps)
         batch = self._batch(samples)
         metrics.update(samples.out.metrics, **samples.reward_metrics, **filter_metrics)
-        with self._phase("forward"):
-            fwd = self.workers.forward(batch, self.forward_request)
+        fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
+        # the old log-probs come from the update (the plan's choice) only for a batch of fresh samples: older ones
+        # (a resume from a run with off-policy steps) need their pass
+        self.step_request = self.forward_request if bool(fresh.all()) else replace(self.forward_request,
+                                                                                    old_log_probs=True)
+        fwd = ForwardResult()
+        if self.step_request.roles():
+            with self._phase("forward"):
+                fwd = self.workers.forward(batch, self.step_request)
         batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
         if fwd.routed_experts is not None:  # actor.router_replay=old_logprob: the update replays it
             batch.routed_experts = fwd.routed_experts
         metrics.update(fwd.metrics)
-        fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
         gap = steps.logprob_gap_metrics(batch, fresh) if batch.old_log_probs is not None else {}
         steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
         metrics.update(steps.staleness_metrics(batch, step))
@@ -183,9 +191,8 @@ class RLTrainer:
             steps.compute_advantages(batch, cfg.algorithm, baseline)
         with self._phase("update"):
             metrics.update(self.workers.update(batch, self.update_request))
-        if self.plan.old_log_probs_in_update:  # no old-log-prob pass: the update's forward measured the gap
+        if batch.old_log_probs is None:  # no old-log-prob pass: the update's forward pass measured the gap
             gap = steps.gap_from_update(metrics)
-            steps.check_logprob_gap(gap, cfg.rollout.logprob_diff_threshold, step)
         steps.check_finite({k: v for k, v in metrics.items() if k.endswith(("pg_loss", "vf_loss", "grad_norm"))},
                            "update", hint="the losses or gradient norms of the update")
         with self._phase("weight_sync"):
@@ -252,7 +259,7 @@ class RLTrainer:
 
     def _flops(self, batch: RLBatch, seconds: float) -> dict[str, float]:
         cfg = self.cfg
-        forward = len(self.forward_request.roles())
+        forward = len(self.step_request.roles())
         train = cfg.actor.ppo_epochs + (cfg.critic.ppo_epochs if self.update_request.critic else 0)
         return steps.flops_metrics(batch, seconds, self.flop_params, self.world_size, forward, train,
                                    cfg.trainer.peak_tflops)

@@ -63,7 +63,7 @@ MAY_DIFFER = (
     "trainer.peak_tflops", "trainer.export_hf_at_end", "trainer.gpu_memory_gib",
     "*.megatron", "*.megatron.*", *engine_keys_that_may_differ(),
     "rollout.logprob_gap_freq", "rollout.logprobs_source", "trainer.save_on_interrupt",
-    "actor.moe.grouped_gemm",
+    "actor.moe.grouped_gemm", "actor.old_log_probs",  # where the same old log-probs come from
     "rollout.tensor_model_parallel_size", "rollout.gpu_memory_utilization", "rollout.cpu_kv_cache_gb",
     "rollout.enforce_eager", "rollout.cudagraph_max_tokens", "rollout.load_format", "rollout.sleep_level",
     "rollout.keep_weights_on_gpu", "rollout.multi_turn.admit_every_steps",

@@ -77,8 +77,6 @@ class WorkerGroups:
         return self._call(["reward_model"], RLWorker.score, texts)[0]
 
     def forward(self, batch: RLBatch, request: ForwardRequest) -> ForwardResult:
-        if not request.roles():  # e.g. GRPO without a reference whose old log-probs come from the update
-            return ForwardResult()
         results = self._call(request.roles(), RLWorker.forward, batch, request)
         merged = results[0]
         for r in results[1:]:

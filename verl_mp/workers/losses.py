@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from verl_mp.algo import POLICY_LOSSES, agg_loss, kl_loss, value_loss
+from verl_mp.algo.utils import masked_max, masked_mean
 from verl_mp.config.schema import PolicyUpdateConfig, ValueUpdateConfig
 
 
@@ -68,15 +69,14 @@ GAP_METRICS = ("logprob_diff_max", "logprob_diff_mean", "prob_diff_max", "prob_d
 
 def _gap_metrics(log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor) -> dict:
     """|rollout - trainer| of log-probs and of probabilities over the micro-batch's response
-    tokens: maxima, and means over its tokens (scaled to the mini-batch by `_scale_means`)."""
-    on = mask > 0
-    trainer, rollout = log_probs.float()[on], rollout_log_probs.float()[on]
-    if trainer.numel() == 0:
-        zero = torch.zeros((), device=log_probs.device)
-        return {f"rollout_{name}": zero for name in GAP_METRICS}
+    tokens: maxima (0 without tokens), and means over its tokens (scaled to the mini-batch by
+    `_scale_means`); masked reductions, no indexing (no device sync in the loss)."""
+    trainer, rollout = log_probs.float(), rollout_log_probs.float()
     diff, prob_diff = (trainer - rollout).abs(), (trainer.exp() - rollout.exp()).abs()
-    return {"rollout_logprob_diff_max": diff.max(), "rollout_logprob_diff_mean": diff.mean(),
-            "rollout_prob_diff_max": prob_diff.max(), "rollout_prob_diff_mean": prob_diff.mean()}
+    return {"rollout_logprob_diff_max": masked_max(diff, mask, empty=0.0),
+            "rollout_logprob_diff_mean": masked_mean(diff, mask),
+            "rollout_prob_diff_max": masked_max(prob_diff, mask, empty=0.0),
+            "rollout_prob_diff_mean": masked_mean(prob_diff, mask)}
 
 
 def critic_loss(cfg: ValueUpdateConfig, global_tokens: float, global_seqs: float, max_len: int):

@@ -5,7 +5,9 @@ runs the same method with the same arguments (the methods are collective inside 
 group). The driver reaches them through `WorkerGroups` (`verl_mp.workers.groups`), which
 fans each call out, explicitly, to the groups hosting the roles it needs. One step of
 PPO is at most five such round trips (generate, score with a reward model, forward,
-update, sync) and one of GRPO four (`perf/driver_round_trips` counts them).
+update, sync) and one of GRPO four, three where the forward phase has nothing to compute
+(the old log-probs from the update, `actor.old_log_probs`, and no reference:
+`perf/driver_round_trips` counts them).
 
 Batches travel in the algorithm's layout (`verl_mp.data.rl_batch.RLBatch`, per-token
 tensors ``[B, T]`` over response tokens); the worker converts them to the engines'

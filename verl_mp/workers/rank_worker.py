@@ -233,7 +233,8 @@ class RankWorker:
     def _update_actor(self, batch: RLBatch, metrics: dict[str, float]) -> None:
         start = time.perf_counter()
         loss_cfg = self.plan.actor_loss
-        if self.plan.old_log_probs_in_update:  # the update's own forward pass gives them (and measures the gap)
+        if batch.old_log_probs is None and self.plan.old_log_probs_in_update:  # the update's own forward pass gives
+            # them (and measures the gap); a batch with older samples came with them (`RLTrainer.step`)
             _check_one_optimizer_step(batch, self.plan.mini_batch_rows, loss_cfg.ppo_epochs)
             batch.require("advantages")
             fields = ["advantages"] + (["rollout_log_probs"] if batch.rollout_log_probs is not None else [])
