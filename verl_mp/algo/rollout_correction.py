@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from verl_mp.algo.registry import Registry
-from verl_mp.algo.utils import as_float_mask
+from verl_mp.algo.utils import as_float_mask, masked_max, masked_mean
 
 ROLLOUT_IS = Registry("rollout importance sampling level")
 ROLLOUT_MASKS = Registry("rollout rejection mask level")
@@ -133,3 +133,19 @@ def rollout_correction(old_log_probs: torch.Tensor, rollout_log_probs: torch.Ten
         weights, metrics = weights * keep, {**metrics, **m}
     metrics["rollout_corr/weight_mean"] = _stats(weights, real)[0]
     return weights.detach(), metrics
+
+
+LOGPROB_GAP_METRICS = ("logprob_diff_max", "logprob_diff_mean", "prob_diff_max", "prob_diff_mean")
+"""The names `logprob_gap` returns."""
+
+
+def logprob_gap(trainer_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """|rollout - trainer| of log-probs, and of probabilities (|exp(a) - exp(b)|: what verl logs
+    as ``training/rollout_probs_diff_*``), over the tokens where ``mask`` is non-zero: the
+    maxima (0 without tokens) and the means, 0-dim fp32 tensors, by masked reductions (no
+    indexing, no device sync). Keys: `LOGPROB_GAP_METRICS`."""
+    trainer, rollout = trainer_log_probs.float(), rollout_log_probs.float()
+    diff, prob_diff = (trainer - rollout).abs(), (trainer.exp() - rollout.exp()).abs()
+    return {"logprob_diff_max": masked_max(diff, mask, empty=0.0), "logprob_diff_mean": masked_mean(diff, mask),
+            "prob_diff_max": masked_max(prob_diff, mask, empty=0.0), "prob_diff_mean": masked_mean(prob_diff, mask)}

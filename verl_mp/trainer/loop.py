@@ -79,8 +79,6 @@ class RLTrainer:
         self.spec = estimator_spec(cfg.algorithm.adv_estimator)
         self.forward_request = ForwardRequest(old_log_probs=not plan.old_log_probs_in_update,
                                               ref_log_probs=plan.ref is not None, values=plan.critic is not None)
-        self.step_request = self.forward_request
-        """What this step's forward phase computed (`forward_request`, or with the old log-probs)."""
         self.update_request = UpdateRequest(critic=plan.critic is not None)
         self.timer = StepTimer()
         self.clock = PoolClock(colocated=not plan.rollout_apart)
@@ -171,12 +169,11 @@ class RLTrainer:
         fresh = batch.weight_versions == step - 1  # on-policy samples: the gap measures the sync
         # the old log-probs come from the update (the plan's choice) only for a batch of fresh samples: older ones
         # (a resume from a run with off-policy steps) need their pass
-        self.step_request = self.forward_request if bool(fresh.all()) else replace(self.forward_request,
-                                                                                    old_log_probs=True)
+        request = self.forward_request if bool(fresh.all()) else replace(self.forward_request, old_log_probs=True)
         fwd = ForwardResult()
-        if self.step_request.roles():
+        if request.roles():
             with self._phase("forward"):
-                fwd = self.workers.forward(batch, self.step_request)
+                fwd = self.workers.forward(batch, request)
         batch.old_log_probs, batch.ref_log_probs, batch.values = fwd.old_log_probs, fwd.ref_log_probs, fwd.values
         if fwd.routed_experts is not None:  # actor.router_replay=old_logprob: the update replays it
             batch.routed_experts = fwd.routed_experts
@@ -259,7 +256,7 @@ class RLTrainer:
 
     def _flops(self, batch: RLBatch, seconds: float) -> dict[str, float]:
         cfg = self.cfg
-        forward = len(self.step_request.roles())
+        forward = sum(x is not None for x in (batch.old_log_probs, batch.ref_log_probs, batch.values))  # passes run
         train = cfg.actor.ppo_epochs + (cfg.critic.ppo_epochs if self.update_request.critic else 0)
         return steps.flops_metrics(batch, seconds, self.flop_params, self.world_size, forward, train,
                                    cfg.trainer.peak_tflops)

@@ -19,11 +19,11 @@ from verl_mp.algo import (
     explained_variance,
     rollout_correction,
 )
+from verl_mp.algo.rollout_correction import LOGPROB_GAP_METRICS, logprob_gap
 from verl_mp.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 from verl_mp.data.batch import PromptBatch
 from verl_mp.data.rl_batch import RLBatch
 from verl_mp.rollout.types import RolloutOutput
-from verl_mp.workers.losses import GAP_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -158,21 +158,15 @@ def logprob_gap_metrics(batch: RLBatch, rows: torch.Tensor | None = None) -> dic
         if not rows.any():
             return {}
         mask = mask & rows[:, None]
-    if not mask.any():
-        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0,
-                "rollout/prob_diff_max": 0.0, "rollout/prob_diff_mean": 0.0}
-    rollout, old = batch.rollout_log_probs[mask], batch.old_log_probs[mask]
-    diff = (rollout - old).abs()
-    prob_diff = (rollout.exp() - old.exp()).abs()
-    return {"rollout/logprob_diff_max": diff.max().item(), "rollout/logprob_diff_mean": diff.mean().item(),
-            "rollout/prob_diff_max": prob_diff.max().item(), "rollout/prob_diff_mean": prob_diff.mean().item()}
+    return {f"rollout/{name}": value.item()
+            for name, value in logprob_gap(batch.old_log_probs, batch.rollout_log_probs, mask).items()}
 
 
 def gap_from_update(metrics: dict[str, float]) -> dict[str, float]:
     """`logprob_gap_metrics`' keys, taken out of the update's metrics (``actor/rollout_<name>``)
     where the update's forward pass measured the gap (`verl_mp.plan.old_log_probs_in_update`:
     every sample is on-policy then); {} on steps whose rollout returned no log-probs."""
-    return {f"rollout/{name}": metrics.pop(f"actor/rollout_{name}") for name in GAP_METRICS
+    return {f"rollout/{name}": metrics.pop(f"actor/rollout_{name}") for name in LOGPROB_GAP_METRICS
             if f"actor/rollout_{name}" in metrics}
 
 

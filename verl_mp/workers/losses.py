@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from verl_mp.algo import POLICY_LOSSES, agg_loss, kl_loss, value_loss
-from verl_mp.algo.utils import masked_max, masked_mean
+from verl_mp.algo.rollout_correction import logprob_gap
 from verl_mp.config.schema import PolicyUpdateConfig, ValueUpdateConfig
 
 
@@ -55,28 +55,12 @@ def actor_loss(cfg: PolicyUpdateConfig, global_tokens: float, global_seqs: float
             coef = torch.tensor(float(cfg.kl_loss_coef))
             out["kl_loss_coef_max"], out["kl_loss_coef_min"] = coef, coef
         if "rollout_log_probs" in mb:  # the rollout-vs-trainer gap, measured here instead of by a forward pass
-            metrics.update(_gap_metrics(log_probs.detach(), mb["rollout_log_probs"], mask))
+            gap = logprob_gap(log_probs.detach(), mb["rollout_log_probs"], mask)
+            metrics.update({f"rollout_{name}": value for name, value in gap.items()})
         local = mask.sum()
         return loss, {**out, **_scale_means(metrics, local, global_tokens)}
 
     return loss_fn
-
-
-GAP_METRICS = ("logprob_diff_max", "logprob_diff_mean", "prob_diff_max", "prob_diff_mean")
-"""What `_gap_metrics` reports as ``rollout_<name>`` (``actor/rollout_<name>`` after the update):
-`verl_mp.trainer.steps.logprob_gap_metrics`' ``rollout/<name>``, from the update's forward pass."""
-
-
-def _gap_metrics(log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor) -> dict:
-    """|rollout - trainer| of log-probs and of probabilities over the micro-batch's response
-    tokens: maxima (0 without tokens), and means over its tokens (scaled to the mini-batch by
-    `_scale_means`); masked reductions, no indexing (no device sync in the loss)."""
-    trainer, rollout = log_probs.float(), rollout_log_probs.float()
-    diff, prob_diff = (trainer - rollout).abs(), (trainer.exp() - rollout.exp()).abs()
-    return {"rollout_logprob_diff_max": masked_max(diff, mask, empty=0.0),
-            "rollout_logprob_diff_mean": masked_mean(diff, mask),
-            "rollout_prob_diff_max": masked_max(prob_diff, mask, empty=0.0),
-            "rollout_prob_diff_mean": masked_mean(prob_diff, mask)}
 
 
 def critic_loss(cfg: ValueUpdateConfig, global_tokens: float, global_seqs: float, max_len: int):
